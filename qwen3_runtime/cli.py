@@ -1,0 +1,87 @@
+"""`qwen3-runtime generate`: run the config's generate job and report tokens and timing."""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+
+import numpy as np
+
+from qwen3_runtime.config import ConfigError, bundled_configs, load_config, parse_override
+from qwen3_runtime.runtime import Runtime
+from qwen3_runtime.sequence import RequestOutput
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="qwen3-runtime", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+    gen = sub.add_parser("generate", help="generate tokens for prompts of token ids")
+    gen.add_argument("--config", default="tiny",
+                     help=f"a YAML file or a bundled config ({', '.join(bundled_configs())}); default: tiny")
+    gen.add_argument("--prompt-ids", action="append", default=[], metavar="1,2,3",
+                     help="a prompt as comma-separated token ids; repeat for several prompts "
+                          "(default: the config's generate.prompts, or random ones)")
+    gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key, e.g. --set logprobs.path=host")
+    gen.add_argument("--quiet", action="store_true", help="print only the timing summary")
+    args = parser.parse_args(argv)
+    try:
+        config = load_config(args.config, dict(parse_override(s) for s in args.set))
+        prompts = [_parse_ids(p) for p in args.prompt_ids] or None
+    except (ConfigError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    rt = Runtime(config)
+    job = config.generate
+    if prompts is None:
+        prompts = job.prompts or _random_prompts(job.num_prompts, job.prompt_len, rt.vocab_size, job.prompt_seed)
+    start = time.perf_counter()
+    outputs = rt.generate(prompts, job.sampling, use_tqdm=True)
+    wall = time.perf_counter() - start
+    if not args.quiet:
+        for out in outputs:
+            _print_output(out)
+    _print_timing(outputs, wall)
+    return 1 if any(out.error for out in outputs) else 0
+
+
+def _parse_ids(text: str) -> list[int]:
+    try:
+        return [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise ValueError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
+
+
+def _random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
+    rng = np.random.default_rng(seed)
+    return rng.integers(0, vocab, size=(count, length)).tolist()
+
+
+def _print_output(out: RequestOutput) -> None:
+    if out.error:
+        print(f"[{out.request_id}] error: {out.error}")
+        return
+    print(f"[{out.request_id}] prompt {len(out.prompt_token_ids)} tokens -> {len(out.token_ids)} tokens "
+          f"({out.finish_reason}): {' '.join(map(str, out.token_ids))}")
+    for i, lp in enumerate(out.logprobs or []):
+        top = ", ".join(f"{t}:{v:.3f}" for t, v in zip(lp.top_ids, lp.top_logprobs))
+        print(f"    {i}: token {lp.token_id} logprob {lp.logprob:.4f} rank {lp.rank}" + (f" top [{top}]" if top else ""))
+
+
+def _print_timing(outputs: list[RequestOutput], wall: float) -> None:
+    served = [o for o in outputs if o.metrics and o.metrics.first_token_time is not None]
+    if not served:
+        return
+    ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in served]
+    tpot = [(o.metrics.finished_time - o.metrics.first_token_time) / (len(o.token_ids) - 1)
+            for o in served if len(o.token_ids) > 1]
+    tokens = sum(len(o.token_ids) for o in served)
+    print(f"requests {len(served)}  output tokens {tokens}  wall {wall:.3f} s  "
+          f"TTFT {1e3 * statistics.median(ttft):.2f} ms  "
+          + (f"TPOT {1e3 * statistics.median(tpot):.2f} ms  " if tpot else "")
+          + f"throughput {tokens / wall:.1f} tokens/s")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

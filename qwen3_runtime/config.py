@@ -1,0 +1,241 @@
+"""YAML configuration: frozen dataclasses, validated with errors that name the dotted key."""
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal, Optional, Union
+
+import yaml
+
+from qwen3_runtime.params import SamplingParams
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names the dotted YAML key."""
+
+
+def _range(lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> dict:
+    return {"lo": lo, "hi": hi, "lo_open": lo_open}
+
+
+@dataclass(frozen=True)
+class ArchitectureConfig:
+    """Qwen3 shape, named as in Hugging Face's config.json; used when no checkpoint is given."""
+
+    vocab_size: int = field(metadata=_range(1))
+    hidden_size: int = field(metadata=_range(1))
+    intermediate_size: int = field(metadata=_range(1))
+    num_hidden_layers: int = field(metadata=_range(1))
+    num_attention_heads: int = field(metadata=_range(1))
+    num_key_value_heads: int = field(metadata=_range(1))
+    head_dim: int = field(default=128, metadata=_range(2))
+    rms_norm_eps: float = field(default=1e-6, metadata=_range(0, lo_open=True))
+    rope_theta: float = field(default=1e6, metadata=_range(0, lo_open=True))
+    max_position_embeddings: int = field(default=40960, metadata=_range(1))
+    tie_word_embeddings: bool = False
+    eos_token_id: Optional[Union[int, list[int]]] = None
+
+    def __post_init__(self) -> None:
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
+                f"num_key_value_heads={self.num_key_value_heads}")
+        if self.head_dim % 2:
+            raise ConfigError(f"head_dim={self.head_dim} must be even (rotary embedding)")
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        if self.eos_token_id is None:
+            return ()
+        return tuple(self.eos_token_id) if isinstance(self.eos_token_id, list) else (self.eos_token_id,)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    # A Hugging Face checkpoint directory (config.json + safetensors); None = random weights.
+    path: Optional[str] = None
+    # The shape used for random weights when `path` is None.
+    architecture: Optional[ArchitectureConfig] = None
+    # Seed of the random weights.
+    seed: int = field(default=0, metadata=_range(0))
+    # auto: bfloat16 on a GPU, float32 on the CPU.
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+
+    def __post_init__(self) -> None:
+        if self.path is None and self.architecture is None:
+            raise ConfigError("path is null and no architecture is given: set model.path to a "
+                              "checkpoint directory or model.architecture to a shape")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    # auto: cuda when available, else cpu.
+    device: str = "auto"
+    max_model_len: int = field(default=4096, metadata=_range(2))
+    max_num_seqs: int = field(default=64, metadata=_range(1))
+    # Prompt tokens prefilled in one forward pass; at least max_model_len.
+    max_num_batched_tokens: int = field(default=8192, metadata=_range(1))
+    block_size: int = field(default=16, metadata=_range(1))
+    # None: enough for max_num_seqs full-length sequences, capped by gpu_memory_utilization.
+    num_kv_blocks: Optional[int] = field(default=None, metadata=_range(1))
+    gpu_memory_utilization: float = field(default=0.9, metadata=_range(0, 1, lo_open=True))
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < self.max_model_len:
+            raise ConfigError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= "
+                f"max_model_len={self.max_model_len}, so any prompt fits one prefill")
+        if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
+            raise ConfigError(f"device={self.device!r} is invalid: use auto, cpu, cuda or cuda:N")
+
+
+@dataclass(frozen=True)
+class LogprobsConfig:
+    # device: reduce on the GPU, copy back O(k) numbers; host: copy full rows, scan in float64.
+    path: Literal["device", "host"] = "device"
+    # Largest `logprobs` / `prompt_logprobs` a request may ask for; -1 allows the full vocabulary.
+    max_logprobs: int = field(default=20, metadata=_range(-1))
+
+
+@dataclass(frozen=True)
+class GenerateConfig:
+    """The CLI's main job: explicit prompts, or random prompts of a fixed length."""
+
+    prompts: Optional[list[list[int]]] = None
+    num_prompts: int = field(default=4, metadata=_range(1))
+    prompt_len: int = field(default=16, metadata=_range(1))
+    prompt_seed: int = field(default=0, metadata=_range(0))
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig
+    engine: EngineConfig = EngineConfig()
+    logprobs: LogprobsConfig = LogprobsConfig()
+    generate: GenerateConfig = GenerateConfig()
+
+
+def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
+    """Load a YAML file (or a bundled config name such as 'tiny') and apply dotted overrides."""
+    raw = yaml.safe_load(_resolve(path).read_text()) or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping")
+    for key, value in (overrides or {}).items():
+        _set_dotted(raw, key, value)
+    return _build(Config, raw, "")
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'logprobs.path=host' -> ('logprobs.path', 'host'); the value is parsed as YAML."""
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise ConfigError(f"--set {text!r}: expected key=value, e.g. logprobs.path=host")
+    return key.strip(), yaml.safe_load(value)
+
+
+def bundled_configs() -> list[str]:
+    return sorted(p.name[:-len(".yaml")] for p in _bundled_dir().glob("*.yaml"))
+
+
+def _bundled_dir() -> Path:
+    """configs/ of a source checkout, else the copy installed inside the package."""
+    source = Path(__file__).resolve().parents[1] / "configs"
+    return source if source.is_dir() else Path(str(resources.files("qwen3_runtime.configs")))
+
+
+def _resolve(path: str | Path) -> Path:
+    p = Path(path)
+    if p.exists():
+        return p
+    bundled = _bundled_dir() / (p.name if p.name.endswith(".yaml") else f"{p.name}.yaml")
+    if p.parent == Path(".") and bundled.is_file():
+        return bundled
+    raise ConfigError(f"config {str(path)!r} not found (bundled: {', '.join(bundled_configs())})")
+
+
+def _set_dotted(raw: dict, key: str, value: Any) -> None:
+    *parents, leaf = key.split(".")
+    node = raw
+    for i, part in enumerate(parents):
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {key}: {'.'.join(parents[:i + 1])} is not a section")
+    node[leaf] = value
+
+
+def _build(cls: type, raw: Any, prefix: str) -> Any:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping, got {raw!r}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        raise ConfigError(f"unknown config key {prefix}{unknown[0]}; allowed in "
+                          f"{prefix.rstrip('.') or 'the top level'}: {', '.join(fields)}")
+    kwargs = {}
+    for name, value in raw.items():
+        key = prefix + name
+        kwargs[name] = _coerce(value, hints[name], key)
+        bounds = fields[name].metadata
+        if bounds and kwargs[name] is not None:
+            _check_range(key, kwargs[name], **bounds)
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # __post_init__ checks name the field; add the section
+        raise ConfigError(f"{prefix}{e}") from None
+    except TypeError as e:  # a required key is missing
+        missing = [n for n, f in fields.items() if n not in raw
+                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        raise ConfigError(f"missing config key {prefix}{missing[0] if missing else ''}: {e}") from None
+
+
+def _coerce(value: Any, tp: Any, key: str) -> Any:
+    origin, args = typing.get_origin(tp), typing.get_args(tp)
+    if origin in (Union, types.UnionType):
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(value, arg, key)
+            except ConfigError as e:
+                errors.append(str(e))
+        raise ConfigError(errors[-1] if len(errors) == 1 else f"{key}={value!r} is invalid: expected {_describe(tp)}")
+    if origin is Literal:
+        if value not in args:
+            raise ConfigError(f"{key}={value!r} is invalid: allowed values are {', '.join(map(str, args))}")
+        return value
+    if origin is list:
+        if not isinstance(value, list):
+            raise ConfigError(f"{key}={value!r} is invalid: expected {_describe(tp)}")
+        return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, key + ".")
+    if tp is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if tp in (int, float, str, bool) and (type(value) is not tp):
+        raise ConfigError(f"{key}={value!r} is invalid: expected {tp.__name__}")
+    return value
+
+
+def _check_range(key: str, value: float, lo: float | None, hi: float | None, lo_open: bool) -> None:
+    too_low = lo is not None and (value <= lo if lo_open else value < lo)
+    too_high = hi is not None and value > hi
+    if too_low or too_high:
+        lo_txt = "" if lo is None else f"{'>' if lo_open else '>='} {lo}"
+        hi_txt = "" if hi is None else f"<= {hi}"
+        raise ConfigError(f"{key}={value!r} is out of range: must be {' and '.join(t for t in (lo_txt, hi_txt) if t)}")
+
+
+def _describe(tp: Any) -> str:
+    args = [a for a in typing.get_args(tp) if a is not type(None)]
+    if typing.get_origin(tp) is list:
+        return f"a list of {_describe(args[0])}"
+    if args:
+        return " or ".join(_describe(a) for a in args) + (" or null" if type(None) in typing.get_args(tp) else "")
+    return getattr(tp, "__name__", str(tp))

@@ -1,0 +1,157 @@
+"""Qwen3 dense decoder over a paged KV cache (see shared notes: per-head q/k RMSNorm before RoPE, GQA)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from qwen3_runtime.config import ArchitectureConfig
+from qwen3_runtime.ops.decode_attention import paged_decode_attention
+from qwen3_runtime.ops.kv_store import store_kv
+from qwen3_runtime.ops.prefill_attention import prefill_attention
+
+
+@dataclass
+class AttentionMetadata:
+    """Where this forward's tokens go in the KV cache and what they attend to.
+
+    Prefill: several whole prompts packed back to back (`cu_seqlens`, host ints).
+    Decode: one token per row; every tensor is a static device buffer (graph-capturable).
+    """
+
+    slot_mapping: torch.Tensor  # [T] cache slot of each token; -1 = padded row, not stored
+    cu_seqlens: Optional[list[int]] = None  # prefill only
+    block_tables: Optional[torch.Tensor] = None  # decode only: [B, max_blocks] int32
+    seq_lens: Optional[torch.Tensor] = None  # decode only: [B] int32, 0 for padded rows
+    num_splits: int = 1  # decode only: split-KV partitions (static)
+
+    @property
+    def is_prefill(self) -> bool:
+        return self.cu_seqlens is not None
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.empty(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class Rotary(nn.Module):
+    """Half-split (NeoX) rotary embedding with a cos/sin table over all positions."""
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim, self.theta = head_dim, theta
+        self.register_buffer("cos_sin", torch.empty(0), persistent=False)
+
+    def build_table(self, max_len: int, device: torch.device) -> None:
+        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64,
+                                                      device=device).float() / self.head_dim))
+        freqs = torch.arange(max_len, device=device).float()[:, None] * inv_freq[None, :]
+        self.cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        cos, sin = self.cos_sin[positions].to(x.dtype)[:, None, :].chunk(2, dim=-1)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ArchitectureConfig) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
+        self.scale = self.head_dim ** -0.5
+        q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        self.split_sizes = [q_size, kv_size, kv_size]
+        self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=False)
+        self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        tokens = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = rotary(self.q_norm(q.view(tokens, self.num_heads, self.head_dim)), positions)
+        k = rotary(self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim)), positions)
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        k_cache, v_cache = kv_cache
+        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        if meta.is_prefill:
+            out = prefill_attention(q, k, v, meta.cu_seqlens, self.scale)
+        else:
+            out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                         self.scale, meta.num_splits)
+        return self.o_proj(out.reshape(tokens, -1))
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ArchitectureConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: ArchitectureConfig) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def forward(self, h: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
+                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        h = h + self.self_attn(self.input_layernorm(h), positions, rotary, kv_cache, meta)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+class Qwen3Model(nn.Module):
+    def __init__(self, cfg: ArchitectureConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+
+
+class Qwen3ForCausalLM(nn.Module):
+    """Module names follow Hugging Face's, except the fused qkv_proj and gate_up_proj."""
+
+    def __init__(self, cfg: ArchitectureConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = Qwen3Model(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def tie_lm_head(self) -> None:
+        self.lm_head.weight = self.model.embed_tokens.weight
+
+    @property
+    def lm_head_is_tied(self) -> bool:
+        return self.lm_head.weight is self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata) -> torch.Tensor:
+        """Final-normed hidden states [T, hidden]; `kv_cache` is [layers, 2, blocks, block_size, kv_heads, head_dim]."""
+        h = self.model.embed_tokens(input_ids)
+        for layer, layer_cache in zip(self.model.layers, kv_cache):
+            h = layer(h, positions, self.model.rotary, layer_cache, meta)
+        return self.model.norm(h)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head(hidden).float()

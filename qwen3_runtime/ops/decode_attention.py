@@ -1,0 +1,268 @@
+"""Paged decode attention: one new query token per sequence against its cached K/V.
+
+Split-KV (flash-decoding) in two kernels so that short batches still fill the GPU:
+1. grid (batch, kv_head, num_splits): each program takes the query heads sharing
+   one KV head (GQA group, padded to 16 rows so `tl.dot` uses tensor cores) and a
+   contiguous token range of its row, runs an online softmax over BLOCK_N-token
+   tiles gathered through the block table, and stores a normalised partial output
+   and its log-sum-exp (base 2) to scratch.
+2. grid (batch, head): merges the splits with exp2(lse_i - max) weights.
+With num_splits == 1 the first kernel writes the output itself and the merge is skipped.
+The grid is static and every token range is derived on the device from seq_lens
+(split length = ceil(seq_len / num_splits) rounded up to whole tiles), so the call
+is CUDA-graph capturable: a split past the end of its row only marks itself empty
+(lse = -inf) and the merge skips it; a row with seq_len 0 gets zeros.
+"""
+import math
+from typing import NamedTuple
+
+import torch
+import triton
+import triton.language as tl
+
+from qwen3_runtime.ops import use_triton
+
+# Tokens per tile: small enough that short contexts still split into many tiles.
+BLOCK_N = 32
+# Tensor-core dots need at least 16 rows, so a GQA group is padded up to this.
+MIN_GROUP_ROWS = 16
+# Enough programs for about two waves: latency hiding for the gathered loads.
+PROGRAMS_PER_SM = 2
+# Beyond this the per-split overhead (q load, partial write, merge) outweighs the parallelism.
+MAX_SPLITS = 32
+
+
+class DecodeWorkspace(NamedTuple):
+    """Scratch for the split partials; pass one to reuse it across layers."""
+
+    partial_out: torch.Tensor  # [B, H, num_splits, D] fp32, normalised per split
+    partial_lse: torch.Tensor  # [B, H, num_splits] fp32, log2-sum-exp2 of scaled scores
+
+
+def decode_workspace(batch: int, num_heads: int, num_splits: int, head_dim: int, device: torch.device) -> DecodeWorkspace:
+    """Uninitialised scratch: every split the merge reads is written first."""
+    return DecodeWorkspace(
+        torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=device),
+        torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=device),
+    )
+
+
+@triton.jit
+def _decode_split_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    split_out_ptr, partial_lse_ptr,
+    qk_scale_log2, num_splits, head_dim, group_size,
+    stride_q_b, stride_q_h,
+    stride_k_block, stride_k_offset, stride_k_head,
+    stride_v_block, stride_v_offset, stride_v_head,
+    stride_bt_b,
+    stride_so_b, stride_so_h, stride_so_s,
+    stride_pl_b, stride_pl_h,
+    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+):
+    """split_out is the merge's fp32 scratch, or with SINGLE_SPLIT the output itself (no merge)."""
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    offs_g = tl.arange(0, BLOCK_G)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    heads = kv_head * group_size + offs_g
+    g_mask = offs_g < group_size
+    d_mask = offs_d < head_dim
+    gd_mask = g_mask[:, None] & d_mask[None, :]
+    split_out = split_out_ptr + row * stride_so_b + heads[:, None] * stride_so_h + split * stride_so_s + offs_d[None, :]
+    partial_lse = partial_lse_ptr + row * stride_pl_b + heads * stride_pl_h + split
+
+    # Whole tiles per split (plain arithmetic: nested jit calls are slow in the interpreter).
+    seq_len = tl.load(seq_lens_ptr + row)
+    num_tiles = (seq_len + BLOCK_N - 1) // BLOCK_N
+    split_tokens = (num_tiles + num_splits - 1) // num_splits * BLOCK_N
+    start = split * split_tokens
+    end = tl.minimum(start + split_tokens, seq_len)
+    if start >= end:
+        if SINGLE_SPLIT:
+            tl.store(split_out, tl.zeros([BLOCK_G, BLOCK_D], split_out_ptr.dtype.element_ty), mask=gd_mask)
+        else:
+            # lse -inf marks the split as empty (the merge's identity); its output stays unwritten.
+            tl.store(partial_lse, tl.full([BLOCK_G], float("-inf"), tl.float32), mask=g_mask)
+        return
+
+    cache_dtype = k_cache_ptr.dtype.element_ty
+    q = tl.load(
+        q_ptr + row * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
+        mask=gd_mask, other=0.0,
+    ).to(cache_dtype)
+
+    running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    running_sum = tl.zeros([BLOCK_G], tl.float32)
+    acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
+    block_table = block_tables_ptr + row * stride_bt_b
+    for tile_start in range(start, end, BLOCK_N):
+        positions = tile_start + offs_n
+        n_mask = positions < end
+        # Masked positions never touch the block table: its tail may hold anything.
+        block_ids = tl.load(block_table + positions // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
+        block_offsets = positions % PAGE_SIZE
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k_rows = block_ids * stride_k_block + block_offsets * stride_k_offset + kv_head * stride_k_head
+        v_rows = block_ids * stride_v_block + block_offsets * stride_v_offset + kv_head * stride_v_head
+        k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        scores = tl.where(n_mask[None, :], scores, float("-inf"))
+        # Every tile holds at least one valid token, so new_max is finite.
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        alpha = tl.exp2(running_max - new_max)
+        p = tl.exp2(scores - new_max[:, None])
+        running_sum = running_sum * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(cache_dtype), v, input_precision=DOT_PRECISION)
+        running_max = new_max
+
+    tl.store(split_out, (acc / running_sum[:, None]).to(split_out_ptr.dtype.element_ty), mask=gd_mask)
+    if not SINGLE_SPLIT:
+        tl.store(partial_lse, running_max + tl.log2(running_sum), mask=g_mask)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    partial_out_ptr, partial_lse_ptr, out_ptr,
+    num_splits, head_dim,
+    stride_po_b, stride_po_h, stride_po_s,
+    stride_pl_b, stride_pl_h,
+    stride_out_b, stride_out_h,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    row = tl.program_id(0)
+    head = tl.program_id(1)
+
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_d = tl.arange(0, BLOCK_D)
+    d_mask = offs_d < head_dim
+    lse = tl.load(
+        partial_lse_ptr + row * stride_pl_b + head * stride_pl_h + offs_s,
+        mask=offs_s < num_splits, other=float("-inf"),
+    )
+    written = lse > float("-inf")
+    parts = tl.load(
+        partial_out_ptr + row * stride_po_b + head * stride_po_h
+        + offs_s[:, None] * stride_po_s + offs_d[None, :],
+        mask=written[:, None] & d_mask[None, :], other=0.0,
+    )
+    # A row with no tokens (seq_len 0) has no finite lse: shift by 0 so it gets zeros, not NaN.
+    lse_max = tl.max(lse, axis=0)
+    any_written = lse_max > float("-inf")
+    weights = tl.exp2(lse - tl.where(any_written, lse_max, 0.0))
+    total = tl.where(any_written, tl.sum(weights, axis=0), 1.0)
+    merged = tl.sum(weights[:, None] * parts, axis=0) / total
+    out = out_ptr + row * stride_out_b + head * stride_out_h + offs_d
+    tl.store(out, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
+
+
+def default_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
+    """Splits per (row, kv head) so the split kernel has about two programs per SM.
+
+    Fixed per captured batch size; rows shorter than max_seq_len simply leave
+    their trailing splits empty. num_sms: torch.cuda.get_device_properties(...).multi_processor_count.
+    """
+    wanted = math.ceil(PROGRAMS_PER_SM * num_sms / (batch_size * num_kv_heads))
+    useful = math.ceil(max_seq_len / BLOCK_N)
+    return max(1, min(wanted, useful, MAX_SPLITS))
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    num_splits: int,
+    out: torch.Tensor | None = None,
+    workspace: DecodeWorkspace | None = None,
+) -> torch.Tensor:
+    """Attention of q [B, H, D] over each row's seq_lens[b] cached tokens; returns [B, H, D].
+
+    Caches are [num_blocks, block_size, KVH, D]; block_tables [B, max_blocks] int32.
+    out (contiguous, q's shape and dtype) and workspace are allocated when not given.
+    """
+    if not use_triton(q):
+        reference = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale)
+        return reference if out is None else out.copy_(reference)
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
+    group_size = num_heads // num_kv_heads
+    assert num_heads == group_size * num_kv_heads and num_splits >= 1
+    assert q.stride(2) == k_cache.stride(3) == v_cache.stride(3) == 1
+    if out is None:
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
+    if batch == 0:
+        return out
+    if workspace is None:
+        workspace = decode_workspace(batch, num_heads, num_splits, head_dim, q.device)
+    partial_out, partial_lse = workspace
+    assert partial_out.shape == (batch, num_heads, num_splits, head_dim) and out.stride(2) == 1
+    block_d = triton.next_power_of_2(head_dim)
+    # One split needs no merge: it writes the output directly, saving a launch per layer.
+    single_split = num_splits == 1
+    split_out = out.unsqueeze(2) if single_split else partial_out
+
+    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+        q, k_cache, v_cache, block_tables, seq_lens,
+        split_out, partial_lse,
+        scale * math.log2(math.e), num_splits, head_dim, group_size,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+        split_out.stride(0), split_out.stride(1), split_out.stride(2),
+        partial_lse.stride(0), partial_lse.stride(1),
+        BLOCK_G=max(MIN_GROUP_ROWS, triton.next_power_of_2(group_size)),
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=block_d,
+        PAGE_SIZE=block_size,  # constexpr: the page arithmetic becomes shifts
+        # fp32 caches (tests) need exact products; tf32 would miss 1e-5.
+        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
+        SINGLE_SPLIT=single_split,
+        num_warps=4,
+    )
+    if single_split:
+        return out
+    _decode_merge_kernel[(batch, num_heads)](
+        partial_out, partial_lse, out,
+        num_splits, head_dim,
+        partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
+        partial_lse.stride(0), partial_lse.stride(1),
+        out.stride(0), out.stride(1),
+        BLOCK_S=triton.next_power_of_2(num_splits),
+        BLOCK_D=block_d,
+        num_warps=4,
+    )
+    return out
+
+
+def paged_decode_attention_reference(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Plain PyTorch oracle: gather each row's K/V through its block table, softmax in fp32."""
+    num_heads = q.shape[1]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    group_size = num_heads // num_kv_heads
+    out = torch.zeros_like(q)
+    for row, seq_len in enumerate(seq_lens.tolist()):
+        if seq_len == 0:
+            continue
+        blocks = block_tables[row, : math.ceil(seq_len / block_size)].long()
+        k = k_cache[blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(group_size, dim=1)
+        v = v_cache[blocks].flatten(0, 1)[:seq_len].float().repeat_interleave(group_size, dim=1)
+        scores = torch.einsum("hd,thd->ht", q[row].float(), k) * scale
+        out[row] = torch.einsum("ht,thd->hd", scores.softmax(dim=-1), v).to(q.dtype)
+    return out

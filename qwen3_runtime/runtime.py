@@ -1,0 +1,184 @@
+"""The public engine: load a model from YAML, accept requests, run continuous batching."""
+from __future__ import annotations
+
+import random
+import time
+from pathlib import Path
+from typing import Any, Optional, Sequence as Seq, Union
+
+import torch
+from tqdm import tqdm
+
+from qwen3_runtime.config import Config, load_config
+from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache, cdiv, kv_bytes_per_block
+from qwen3_runtime.loader import load_model
+from qwen3_runtime.params import SamplingParams
+from qwen3_runtime.runner import ModelRunner
+from qwen3_runtime.scheduler import Scheduler
+from qwen3_runtime.sequence import RequestMetrics, RequestOutput, Sequence
+
+_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+class Runtime:
+    def __init__(self, config: Config) -> None:
+        self.config = config
+        engine = config.engine
+        self.device = _resolve_device(engine.device)
+        self.dtype = _resolve_dtype(config.model.dtype, self.device)
+        self.model = load_model(config.model, self.device, self.dtype)
+        arch = self.model.config
+        if engine.max_model_len > arch.max_position_embeddings:
+            raise ValueError(f"engine.max_model_len={engine.max_model_len} is out of range: must be <= "
+                             f"max_position_embeddings={arch.max_position_embeddings} of the model")
+        self.model.model.rotary.build_table(engine.max_model_len, self.device)
+        num_blocks = self._num_kv_blocks()
+        self.kv_cache = allocate_kv_cache(arch, num_blocks, engine.block_size, self.dtype, self.device)
+        self.scheduler = Scheduler(engine, BlockManager(num_blocks, engine.block_size))
+        self.runner = ModelRunner(self.model, self.kv_cache, engine)
+        self.eos_token_ids = set(arch.eos_token_ids)
+        self._next_id = 0
+        self.num_generated = 0
+
+    @classmethod
+    def from_yaml(cls, path: Union[str, Path], overrides: Optional[dict[str, Any]] = None) -> "Runtime":
+        return cls(load_config(path, overrides))
+
+    @property
+    def vocab_size(self) -> int:
+        return self.model.config.vocab_size
+
+    def add_request(self, prompt: list[int], params: SamplingParams) -> int:
+        """Queue a request and return its id; a bad request raises ValueError naming the parameter."""
+        self._validate(prompt, params)
+        seq = Sequence(self._new_id(), list(prompt), params,
+                       seed=params.seed if params.seed is not None else random.getrandbits(63),
+                       arrival_time=time.perf_counter())
+        self.scheduler.add(seq)
+        return seq.request_id
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_work()
+
+    def step(self) -> list[RequestOutput]:
+        """One prefill or decode batch; returns the requests that finished in it."""
+        seqs, is_prefill = self.scheduler.schedule()
+        if not seqs:
+            return []
+        tokens = self.runner.prefill(seqs) if is_prefill else self.runner.decode(seqs)
+        now = time.perf_counter()
+        self.num_generated += len(seqs)
+        finished = []
+        for seq, token in zip(seqs, tokens):
+            if seq.first_token_time is None:
+                seq.first_token_time = now
+            seq.output.append(token)
+            seq.logprobs.append(None)
+            reason = self._finish_reason(seq, token)
+            if reason:
+                seq.finish_reason, seq.finished_time = reason, now
+                self.scheduler.finish(seq)
+                finished.append(_to_output(seq))
+        return finished
+
+    def generate(self, prompts: Seq[list[int]], params: Union[SamplingParams, Seq[SamplingParams], None] = None,
+                 use_tqdm: bool = False) -> list[RequestOutput]:
+        """Run prompts to completion. A rejected request comes back with `error` set and no tokens;
+        the others are served as usual. Outputs are in the order of `prompts`."""
+        params = params or SamplingParams()
+        per_request = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
+        if len(per_request) != len(prompts):
+            raise ValueError(f"params has {len(per_request)} entries for {len(prompts)} prompts")
+        outputs: dict[int, RequestOutput] = {}
+        ids = []
+        for prompt, p in zip(prompts, per_request):
+            try:
+                ids.append(self.add_request(prompt, p))
+            except ValueError as e:
+                ids.append(self._new_id())
+                prompt_ids = list(prompt) if isinstance(prompt, (list, tuple)) else []
+                outputs[ids[-1]] = RequestOutput(ids[-1], prompt_ids, [], None, None, "error", error=str(e))
+        total = sum(p.max_tokens for i, p in zip(ids, per_request) if i not in outputs)
+        with tqdm(total=total, unit="tok", disable=not use_tqdm, dynamic_ncols=True) as bar:
+            while self.has_unfinished():
+                before = self.num_generated
+                for out in self.step():
+                    outputs[out.request_id] = out
+                bar.update(self.num_generated - before)
+        return [outputs[i] for i in ids]
+
+    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
+        if not isinstance(params, SamplingParams):
+            raise ValueError(f"params={params!r} is invalid: expected SamplingParams")
+        if not isinstance(prompt, (list, tuple)) or len(prompt) == 0:
+            raise ValueError("prompt is empty: a request needs at least one prompt token id")
+        max_len = self.config.engine.max_model_len
+        if len(prompt) > max_len:
+            raise ValueError(f"prompt has {len(prompt)} tokens: it must be at most "
+                             f"engine.max_model_len={max_len}")
+        vocab = self.vocab_size
+        for name, ids in (("prompt", prompt), ("stop_token_ids", params.stop_token_ids)):
+            for i, tok in enumerate(ids):
+                if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab:
+                    raise ValueError(f"{name}[{i}]={tok!r} is out of range: token ids must be "
+                                     f"integers in [0, {vocab})")
+        max_logprobs = self.config.logprobs.max_logprobs
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(params, name)
+            if value is None:
+                continue
+            if max_logprobs == -1:
+                continue
+            if not 0 <= value <= max_logprobs:
+                raise ValueError(f"{name}={value} is out of range: must be in [0, {max_logprobs}] "
+                                 f"(logprobs.max_logprobs; -1, the full vocabulary, needs max_logprobs: -1)")
+
+    def _finish_reason(self, seq: Sequence, token: int) -> Optional[str]:
+        p = seq.params
+        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+            return "stop"
+        if len(seq.output) >= p.max_tokens or seq.num_tokens >= self.config.engine.max_model_len:
+            return "length"
+        return None
+
+    def _num_kv_blocks(self) -> int:
+        engine = self.config.engine
+        if engine.num_kv_blocks is not None:
+            blocks = engine.num_kv_blocks
+        else:
+            blocks = engine.max_num_seqs * cdiv(engine.max_model_len, engine.block_size)
+            if self.device.type == "cuda":
+                free, _ = torch.cuda.mem_get_info(self.device)
+                per_block = kv_bytes_per_block(self.model.config, engine.block_size, self.dtype)
+                blocks = min(blocks, int(free * engine.gpu_memory_utilization) // per_block)
+        needed = cdiv(engine.max_model_len, engine.block_size)
+        if blocks < needed:
+            raise ValueError(f"engine.num_kv_blocks={blocks} is too small: one max_model_len sequence "
+                             f"needs {needed} blocks of engine.block_size={engine.block_size}")
+        return blocks
+
+
+def _to_output(seq: Sequence) -> RequestOutput:
+    wants_logprobs = seq.params.logprobs is not None
+    return RequestOutput(seq.request_id, seq.prompt, seq.output, seq.logprobs if wants_logprobs else None,
+                         seq.prompt_logprobs, seq.finish_reason, seq.error,
+                         RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finished_time))
+
+
+def _resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"engine.device={name!r} is unavailable: this machine has no CUDA device")
+    return device
+
+
+def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    return _DTYPES[name]

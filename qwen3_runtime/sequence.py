@@ -1,0 +1,74 @@
+"""A request's state as it moves through the scheduler."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import TYPE_CHECKING, Optional
+
+from qwen3_runtime.params import SamplingParams
+
+if TYPE_CHECKING:
+    from qwen3_runtime.logprobs import TokenLogprob
+
+
+class Status(Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+@dataclass
+class Sequence:
+    request_id: int
+    prompt: list[int]
+    params: SamplingParams
+    seed: int  # the request's seed, or one drawn at submission
+    output: list[int] = field(default_factory=list)
+    logprobs: list[Optional[TokenLogprob]] = field(default_factory=list)
+    prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None
+    block_table: list[int] = field(default_factory=list)
+    status: Status = Status.WAITING
+    finish_reason: Optional[str] = None  # stop | length | error
+    error: Optional[str] = None
+    arrival_time: float = 0.0
+    first_token_time: Optional[float] = None
+    finished_time: Optional[float] = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.prompt + self.output
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.prompt) + len(self.output)
+
+    @property
+    def last_token(self) -> int:
+        return self.output[-1] if self.output else self.prompt[-1]
+
+    @property
+    def needs_prompt_logprobs(self) -> bool:
+        return self.params.prompt_logprobs is not None and self.prompt_logprobs is None
+
+
+@dataclass
+class RequestMetrics:
+    """perf_counter() timestamps: TTFT = first_token_time - arrival_time."""
+
+    arrival_time: float
+    first_token_time: Optional[float]
+    finished_time: Optional[float]
+
+
+@dataclass
+class RequestOutput:
+    """What `Runtime.generate` returns per request; `error` is set when the request was rejected or failed."""
+
+    request_id: int
+    prompt_token_ids: list[int]
+    token_ids: list[int]
+    logprobs: Optional[list[Optional[TokenLogprob]]]
+    prompt_logprobs: Optional[list[Optional[TokenLogprob]]]
+    finish_reason: Optional[str]
+    error: Optional[str] = None
+    metrics: Optional[RequestMetrics] = None

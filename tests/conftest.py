@@ -1,0 +1,62 @@
+import os
+from pathlib import Path
+from typing import Callable
+
+import pytest
+import torch
+
+# Without a GPU, run the Triton kernels in Triton's interpreter so CI tests them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def _write_checkpoint(path: Path, *, tie_word_embeddings: bool = True, num_key_value_heads: int = 2,
+                      num_attention_heads: int = 4, head_dim: int = 24, hidden_size: int = 64,
+                      num_hidden_layers: int = 2, vocab_size: int = 512, seed: int = 0,
+                      max_shard_size: str | None = None, dtype: torch.dtype = torch.float32) -> Path:
+    """A random Qwen3 checkpoint written by transformers itself, the parity reference.
+
+    head_dim 24 with 4 heads (96) differs from hidden_size 64, as in the real models."""
+    import transformers
+
+    torch.manual_seed(seed)
+    config = transformers.Qwen3Config(
+        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size + 8,
+        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads, head_dim=head_dim, max_position_embeddings=512,
+        tie_word_embeddings=tie_word_embeddings, eos_token_id=None, bos_token_id=None,
+        pad_token_id=None, initializer_range=0.05)
+    model = transformers.Qwen3ForCausalLM(config).to(dtype)
+    model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
+    return path
+
+
+@pytest.fixture(scope="session")
+def make_checkpoint(tmp_path_factory) -> Callable[..., Path]:
+    """make_checkpoint(**shape) -> a fresh checkpoint directory."""
+    return lambda **kw: _write_checkpoint(tmp_path_factory.mktemp("ckpt"), **kw)
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(make_checkpoint) -> Path:
+    return make_checkpoint()
+
+
+@pytest.fixture
+def make_runtime(monkeypatch) -> Callable:
+    """make_runtime(checkpoint, triton_kernels=False, **overrides) -> a CPU fp32 Runtime on configs/tiny.yaml.
+
+    Overrides are dotted keys with "__" for ".". Engine tests run the kernels' PyTorch references
+    (the interpreter is slow); kernel tests and the end-to-end parity test run the Triton kernels."""
+    from qwen3_runtime import Runtime, ops
+
+    def make(path: Path | None = None, triton_kernels: bool = False, **overrides):
+        if not triton_kernels:
+            monkeypatch.setattr(ops, "TRITON_INTERPRET", False)
+        base = {"model.dtype": "float32", "engine.device": "cpu"}
+        if path is not None:
+            base["model.path"] = str(path)
+        base.update({k.replace("__", "."): v for k, v in overrides.items()})
+        return Runtime.from_yaml("tiny", overrides=base)
+
+    return make

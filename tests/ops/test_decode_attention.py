@@ -1,0 +1,183 @@
+import math
+
+import pytest
+import torch
+
+from qwen3_runtime.ops.decode_attention import (
+    MAX_SPLITS,
+    decode_workspace,
+    default_num_splits,
+    paged_decode_attention,
+    paged_decode_attention_reference,
+)
+
+# Not multiples of any block size, one token, empty (padded) rows, an exact multiple,
+# and one long enough for several tiles per split.
+SEQ_LENS = [37, 1, 0, 200, 64]
+HEAD_DIM = 16
+
+
+class PagedKV:
+    """Per-row dense K/V plus a paged cache holding them in shuffled blocks.
+
+    Unused cache slots are NaN and block-table tails -1, so any read of them shows.
+    """
+
+    def __init__(self, seq_lens, block_size, num_kv_heads, head_dim, generator, dtype=torch.float32, device="cpu"):
+        blocks_per_row = [math.ceil(n / block_size) for n in seq_lens]
+        num_blocks = sum(blocks_per_row) + 3
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        self.v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        self.block_tables = torch.full((len(seq_lens), max(blocks_per_row) + 1), -1, dtype=torch.int32)
+        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
+        self.dense_k, self.dense_v = [], []
+        free_blocks = torch.randperm(num_blocks, generator=generator).tolist()
+        for row, seq_len in enumerate(seq_lens):
+            blocks = torch.tensor([free_blocks.pop() for _ in range(blocks_per_row[row])], dtype=torch.long)
+            self.block_tables[row, : len(blocks)] = blocks.int()
+            positions = torch.arange(seq_len)
+            slot_blocks, slot_offsets = blocks[positions // block_size].to(device), (positions % block_size).to(device)
+            for dense, cache in ((self.dense_k, self.k_cache), (self.dense_v, self.v_cache)):
+                rows = torch.randn(seq_len, num_kv_heads, head_dim, generator=generator).to(dtype).to(device)
+                cache[slot_blocks, slot_offsets] = rows
+                dense.append(rows)
+        self.block_tables = self.block_tables.to(device)
+
+
+def _dense_attention_float64(q, dense_k, dense_v, scale):
+    """Naive per-head softmax attention in float64 over the unpaged K/V."""
+    batch, num_heads, head_dim = q.shape
+    group_size = num_heads // dense_k[0].shape[1]
+    out = torch.zeros(batch, num_heads, head_dim, dtype=torch.float64)
+    for row in range(batch):
+        if len(dense_k[row]) == 0:
+            continue
+        for head in range(num_heads):
+            k = dense_k[row][:, head // group_size].double()
+            v = dense_v[row][:, head // group_size].double()
+            scores = k @ q[row, head].double() * scale
+            weights = torch.exp(scores - scores.max())
+            out[row, head] = (weights / weights.sum()) @ v
+    return out
+
+
+def _max_rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 32])
+@pytest.mark.parametrize("num_kv_heads, group_size", [(1, 1), (2, 2), (1, 3), (2, 4), (1, 8)])
+def test_reference_matches_dense_float64(block_size, num_kv_heads, group_size):
+    generator = torch.Generator().manual_seed(block_size * 10 + group_size)
+    kv = PagedKV(SEQ_LENS, block_size, num_kv_heads, HEAD_DIM, generator)
+    q = torch.randn(len(SEQ_LENS), num_kv_heads * group_size, HEAD_DIM, generator=generator)
+    scale = HEAD_DIM**-0.5
+
+    out = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale)
+
+    assert _max_rel_err(out, _dense_attention_float64(q, kv.dense_k, kv.dense_v, scale)) <= 1e-5
+
+
+# (block_size, num_kv_heads, group_size, num_splits): every block size, GQA groups 1 to 8
+# with 1 and 2 KV heads, one split, several, and more splits than the rows have blocks.
+KERNEL_CASES = [
+    (8, 1, 1, 1), (8, 2, 4, 3), (8, 1, 8, 16),
+    (16, 2, 1, 16), (16, 1, 2, 1), (16, 2, 8, 3), (16, 1, 3, 5),
+    (32, 1, 4, 2), (32, 2, 2, 16), (32, 2, 8, 1),
+]
+
+
+@pytest.mark.parametrize("block_size, num_kv_heads, group_size, num_splits", KERNEL_CASES)
+def test_kernel_matches_reference(block_size, num_kv_heads, group_size, num_splits):
+    generator = torch.Generator().manual_seed(block_size + num_splits * 100 + group_size)
+    kv = PagedKV(SEQ_LENS, block_size, num_kv_heads, HEAD_DIM, generator)
+    num_heads = num_kv_heads * group_size
+    q = torch.randn(len(SEQ_LENS), num_heads, HEAD_DIM, generator=generator)
+    scale = HEAD_DIM**-0.5
+    # Poisoned buffers: any element the kernels fail to write, or read without writing, shows as NaN.
+    out = torch.full_like(q, float("nan"))
+    workspace = decode_workspace(len(SEQ_LENS), num_heads, num_splits, HEAD_DIM, q.device)
+    workspace.partial_out.fill_(float("nan"))
+    workspace.partial_lse.fill_(float("nan"))
+
+    paged_decode_attention(
+        q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale, num_splits, out=out, workspace=workspace,
+    )
+
+    expected = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale)
+    assert not out.isnan().any()
+    assert _max_rel_err(out, expected) <= 1e-5
+    assert (out[SEQ_LENS.index(0)] == 0).all()
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_kernel_gives_zeros_for_an_all_padded_batch(num_splits):
+    generator = torch.Generator().manual_seed(0)
+    kv = PagedKV([0, 0], 16, 2, HEAD_DIM, generator)
+    q = torch.randn(2, 4, HEAD_DIM, generator=generator)
+
+    out = paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 0.25, num_splits)
+
+    assert out.shape == q.shape and out.dtype == q.dtype
+    assert (out == 0).all()
+
+
+def test_default_num_splits_fills_the_gpu_only_when_rows_are_few():
+    assert default_num_splits(batch_size=1, num_kv_heads=8, max_seq_len=40960, num_sms=132) == MAX_SPLITS
+    assert default_num_splits(batch_size=64, num_kv_heads=8, max_seq_len=40960, num_sms=132) == 1
+    # Never more splits than 32-token tiles in the longest row.
+    assert default_num_splits(batch_size=1, num_kv_heads=8, max_seq_len=40, num_sms=132) == 2
+
+
+def _real_shape_inputs(batch, generator):
+    """Qwen3-4B attention shapes: 32 query heads over 8 KV heads, head_dim 128, bf16, block 16."""
+    seq_lens = torch.randint(1, 4097, (batch,), generator=generator).tolist()
+    if batch > 1:
+        seq_lens[-1] = 0  # a padded row
+    kv = PagedKV(seq_lens, 16, 8, 128, generator, dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(batch, 32, 128, generator=generator).bfloat16().cuda()
+    return q, kv
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("batch", [1, 8, 64])
+def test_kernel_matches_reference_on_gpu_bf16(batch):
+    generator = torch.Generator().manual_seed(batch)
+    q, kv = _real_shape_inputs(batch, generator)
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    expected = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 128**-0.5)
+    for num_splits in sorted({1, default_num_splits(batch, 8, 4096, num_sms), MAX_SPLITS}):
+        out = paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 128**-0.5, num_splits)
+        assert not out.isnan().any()
+        assert _max_rel_err(out, expected) <= 1e-2, num_splits
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
+    generator = torch.Generator().manual_seed(0)
+    batch, num_splits, scale = 8, 8, 128**-0.5
+    q, kv = _real_shape_inputs(batch, generator)
+    out = torch.empty_like(q)
+    workspace = decode_workspace(batch, 32, num_splits, 128, q.device)
+
+    def step():
+        paged_decode_attention(
+            q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale, num_splits, out=out, workspace=workspace,
+        )
+
+    step()  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    # Shorter rows (same blocks) and a new query: the captured grid must adapt on the device.
+    kv.seq_lens.copy_(kv.seq_lens // 3)
+    q.copy_(torch.randn(q.shape, generator=generator).bfloat16())
+    graph.replay()
+    torch.cuda.synchronize()
+
+    expected = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale)
+    assert _max_rel_err(out, expected) <= 1e-2

@@ -1,0 +1,63 @@
+import pytest
+
+from qwen3_runtime.config import ConfigError, bundled_configs, load_config, parse_override
+
+
+def test_every_bundled_config_loads():
+    names = bundled_configs()
+    assert {"tiny", "qwen3-0.6b", "qwen3-1.7b", "qwen3-4b", "qwen3-8b", "qwen3-14b", "qwen3-32b"} <= set(names)
+    for name in names:
+        cfg = load_config(name)
+        assert cfg.model.path is None and cfg.model.architecture is not None
+
+
+def test_sizes_match_the_published_shapes():
+    arch = load_config("qwen3-4b").model.architecture
+    assert (arch.hidden_size, arch.intermediate_size, arch.num_hidden_layers) == (2560, 9728, 36)
+    assert (arch.num_attention_heads, arch.num_key_value_heads, arch.head_dim) == (32, 8, 128)
+    assert arch.tie_word_embeddings and not load_config("qwen3-8b").model.architecture.tie_word_embeddings
+
+
+def test_overrides_from_python_and_cli_text():
+    cfg = load_config("tiny", {"logprobs.path": "host", "engine.max_num_seqs": 3})
+    assert cfg.logprobs.path == "host" and cfg.engine.max_num_seqs == 3
+    assert parse_override("logprobs.path=host") == ("logprobs.path", "host")
+    assert parse_override("engine.num_kv_blocks=null") == ("engine.num_kv_blocks", None)
+    assert parse_override("generate.prompts=[[1,2],[3]]") == ("generate.prompts", [[1, 2], [3]])
+
+
+@pytest.mark.parametrize("overrides, words", [
+    ({"logprobs.pathh": "host"}, ["logprobs.pathh"]),
+    ({"engine.bogus": 1}, ["engine.bogus"]),
+    ({"logprobs.path": "gpu"}, ["logprobs.path", "'gpu'", "device", "host"]),
+    ({"engine.block_size": "16"}, ["engine.block_size", "'16'", "int"]),
+    ({"engine.max_num_seqs": 0}, ["engine.max_num_seqs", "0", ">= 1"]),
+    ({"engine.gpu_memory_utilization": 1.5}, ["engine.gpu_memory_utilization", "1.5", "<= 1"]),
+    ({"engine.max_num_batched_tokens": 8}, ["engine.max_num_batched_tokens", "max_model_len"]),
+    ({"logprobs.max_logprobs": -2}, ["logprobs.max_logprobs", "-2", ">= -1"]),
+    ({"model.architecture.num_key_value_heads": 3}, ["model.architecture.num_attention_heads", "3"]),
+    ({"generate.sampling.temperature": -1}, ["generate.sampling.temperature", "-1", ">= 0"]),
+    ({"generate.sampling.top_p": 0}, ["generate.sampling.top_p", "(0, 1]"]),
+    ({"generate.prompts": [[1, "x"]]}, ["generate.prompts[0][1]", "'x'"]),
+    ({"model.architecture": None}, ["model.path", "model.architecture"]),
+    ({"engine.device": "tpu"}, ["engine.device", "tpu"]),
+])
+def test_bad_values_name_the_dotted_key(overrides, words):
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", overrides)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+
+
+def test_bad_override_text_and_missing_file(tmp_path):
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_override("logprobs.path")
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_yaml_file_with_unknown_top_level_key(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("model:\n  path: /x\nserver:\n  port: 1\n")
+    with pytest.raises(ConfigError, match="unknown config key server"):
+        load_config(path)

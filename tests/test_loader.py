@@ -1,0 +1,69 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from qwen3_runtime.config import ArchitectureConfig, ModelConfig
+from qwen3_runtime.loader import CheckpointError, load_model, read_architecture
+
+
+def _load(path):
+    return load_model(ModelConfig(path=str(path)), torch.device("cpu"), torch.float32)
+
+
+def _edit(path, edit):
+    tensors = load_file(path / "model.safetensors")
+    edit(tensors)
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+
+
+def test_reads_shape_from_config_json(tiny_checkpoint):
+    arch = read_architecture(tiny_checkpoint)
+    assert (arch.hidden_size, arch.head_dim, arch.num_key_value_heads, arch.vocab_size) == (64, 24, 2, 512)
+
+
+def test_fused_projections_hold_the_checkpoint_tensors(tiny_checkpoint):
+    model = _load(tiny_checkpoint)
+    tensors = load_file(tiny_checkpoint / "model.safetensors")
+    attn = model.model.layers[1].self_attn
+    q, k, v = attn.qkv_proj.weight.split(attn.split_sizes)
+    assert torch.equal(k, tensors["model.layers.1.self_attn.k_proj.weight"])
+    assert torch.equal(v, tensors["model.layers.1.self_attn.v_proj.weight"])
+    up = model.model.layers[0].mlp.gate_up_proj.weight.chunk(2)[1]
+    assert torch.equal(up, tensors["model.layers.0.mlp.up_proj.weight"])
+    assert model.lm_head_is_tied
+
+
+def test_sharded_untied_checkpoint(make_checkpoint):
+    path = make_checkpoint(tie_word_embeddings=False, max_shard_size="100KB")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    model = _load(path)
+    assert not model.lm_head_is_tied
+    shard = path / index["weight_map"]["lm_head.weight"]
+    assert torch.equal(model.lm_head.weight, load_file(shard)["lm_head.weight"])
+
+
+def test_missing_unexpected_and_misshaped_tensors_are_named(make_checkpoint):
+    path = make_checkpoint()
+    original = load_file(path / "model.safetensors")
+    _edit(path, lambda t: t.pop("model.layers.1.self_attn.k_norm.weight"))
+    with pytest.raises(CheckpointError, match=r"missing tensor 'model.layers.1.self_attn.k_norm.weight'"):
+        _load(path)
+    _edit(path, lambda t: t.update(original, **{"model.layers.0.mlp.extra.weight": torch.zeros(2)}))
+    with pytest.raises(CheckpointError, match=r"unexpected tensor 'model.layers.0.mlp.extra.weight'"):
+        _load(path)
+    _edit(path, lambda t: (t.clear(), t.update(original, **{"model.layers.0.self_attn.v_proj.weight": torch.zeros(3, 64)})))
+    with pytest.raises(CheckpointError, match=r"'model.layers.0.self_attn.v_proj.weight' has shape \(3, 64\), expected \(48, 64\)"):
+        _load(path)
+
+
+def test_random_weights_are_seeded_and_respect_tying():
+    arch = ArchitectureConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                              num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    a = load_model(ModelConfig(architecture=arch, seed=3), torch.device("cpu"), torch.float32)
+    b = load_model(ModelConfig(architecture=arch, seed=3), torch.device("cpu"), torch.float32)
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert torch.equal(pa, pb), name
+    assert not a.lm_head_is_tied and a.model.norm.weight.eq(1).all()

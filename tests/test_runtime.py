@@ -1,0 +1,94 @@
+import pytest
+import torch
+
+from qwen3_runtime import SamplingParams
+
+GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+
+
+def _hf_greedy(path, prompt, steps):
+    import transformers
+
+    model = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=steps,
+                         do_sample=False, pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+def test_batched_greedy_equals_transformers_generate(make_runtime, tiny_checkpoint):
+    rt = make_runtime(tiny_checkpoint, triton_kernels=True)
+    prompts = [[5, 17, 300, 2], list(range(40, 71)), [7] * 13]
+    outs = rt.generate(prompts, GREEDY)
+    for prompt, out in zip(prompts, outs):
+        assert out.error is None and out.finish_reason == "length"
+        assert out.token_ids == _hf_greedy(tiny_checkpoint, prompt, 32)
+
+
+def test_preemption_recomputes_without_changing_tokens(make_runtime, tiny_checkpoint):
+    prompts = [[i + 1] * (10 + 7 * i) for i in range(6)]
+    reference = [o.token_ids for o in make_runtime(tiny_checkpoint).generate(prompts, GREEDY)]
+    # 10 blocks of 16 tokens cannot hold six sequences of up to 77 tokens at once.
+    rt = make_runtime(tiny_checkpoint, engine__num_kv_blocks=10, engine__max_model_len=128)
+    outs = rt.generate(prompts, GREEDY)
+    assert rt.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outs] == reference
+    assert len(rt.scheduler.blocks.free) == 10
+
+
+@pytest.mark.parametrize("prompt, params, words", [
+    ([], GREEDY, ["prompt is empty"]),
+    ([1] * 257, GREEDY, ["prompt has 257 tokens", "max_model_len=256"]),
+    ([1, 512, 3], GREEDY, ["prompt[1]=512", "[0, 512)"]),
+    ([1, -1], GREEDY, ["prompt[1]=-1"]),
+    ([1, 2], SamplingParams(stop_token_ids=[9999]), ["stop_token_ids[0]=9999"]),
+    ([1, 2], SamplingParams(logprobs=21), ["logprobs=21", "[0, 20]", "max_logprobs"]),
+    ([1, 2], SamplingParams(prompt_logprobs=-1), ["prompt_logprobs=-1", "[0, 20]"]),
+    ([1, 2], "greedy", ["params='greedy'", "SamplingParams"]),
+])
+def test_bad_request_is_rejected_and_the_others_are_served(make_runtime, tiny_checkpoint, prompt, params, words):
+    rt = make_runtime(tiny_checkpoint)
+    with pytest.raises(ValueError) as err:
+        rt.add_request(prompt, params)
+    for word in words:
+        assert word in str(err.value), (word, str(err.value))
+    good = [3, 4, 5]
+    outs = rt.generate([good, prompt, good], [GREEDY, params, GREEDY])
+    assert outs[1].error == str(err.value) and outs[1].finish_reason == "error" and outs[1].token_ids == []
+    assert outs[0].token_ids == outs[2].token_ids and len(outs[0].token_ids) == 32
+
+
+def test_finish_reasons(make_runtime, tiny_checkpoint):
+    rt = make_runtime(tiny_checkpoint)
+    free = rt.generate([[1, 2, 3]], GREEDY)[0].token_ids
+    stop_at = free[4]
+    stopped = rt.generate([[1, 2, 3]], SamplingParams(max_tokens=32, temperature=0, stop_token_ids=[stop_at]))[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free[: free.index(stop_at) + 1]
+    near_limit = rt.generate([[1] * 250], GREEDY)[0]
+    assert near_limit.finish_reason == "length" and len(near_limit.token_ids) == 6  # max_model_len 256
+
+
+def test_eos_stops_unless_ignored(make_runtime, tiny_checkpoint):
+    rt = make_runtime(tiny_checkpoint)
+    free = rt.generate([[9, 8, 7]], GREEDY)[0].token_ids
+    rt.eos_token_ids = {free[2]}
+    stopped = rt.generate([[9, 8, 7]], SamplingParams(max_tokens=32, temperature=0))[0]
+    assert stopped.finish_reason == "stop" and stopped.token_ids == free[: free.index(free[2]) + 1]
+    assert rt.generate([[9, 8, 7]], GREEDY)[0].token_ids == free
+
+
+def test_seeded_sampling_does_not_depend_on_the_batch(make_runtime, tiny_checkpoint):
+    rt = make_runtime(tiny_checkpoint)
+    seeded = SamplingParams(max_tokens=16, temperature=0.8, top_k=50, top_p=0.9, seed=1234, ignore_eos=True)
+    alone = rt.generate([[4, 5, 6]], seeded)[0].token_ids
+    others = [SamplingParams(max_tokens=16, temperature=1.0, seed=s, ignore_eos=True) for s in range(4)]
+    mixed = rt.generate([[1, 2], [4, 5, 6], [8] * 20, [3]], [others[0], seeded, others[1], GREEDY])
+    assert mixed[1].token_ids == alone
+    assert rt.generate([[4, 5, 6]], seeded)[0].token_ids == alone
+    unseeded = SamplingParams(max_tokens=16, temperature=1.0, ignore_eos=True)
+    assert rt.generate([[4, 5, 6]], unseeded)[0].token_ids != alone  # distinct seeds drawn
+
+
+def test_metrics_are_filled(make_runtime, tiny_checkpoint):
+    out = make_runtime(tiny_checkpoint).generate([[1, 2, 3]], GREEDY)[0]
+    m = out.metrics
+    assert m.arrival_time <= m.first_token_time <= m.finished_time
