@@ -1,0 +1,233 @@
+"""Device logprobs: logsumexp, selected-token logprob and rank, exact top-k, per row.
+
+`reduce_logprobs` runs the Triton kernels (`kernels.py`) on CUDA tensors or
+under TRITON_INTERPRET=1, and `reduce_logprobs_reference` (float64 torch)
+otherwise. With a preallocated `out` the Triton path allocates nothing and
+never waits for the host, so it can be captured in a CUDA graph.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from qwen3_runtime.ops import use_triton
+
+
+def _cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class ReduceConfig:
+    """Tiling of the reduction. Results are bitwise reproducible for a fixed config
+    (and input alignment); a different config may change the last bits.
+
+    chunk: vocab elements per stage-1 program; block: elements per block maximum
+    (top-k candidates are whole blocks); group: block maxima per group for the
+    first top-k threshold; candidates: keys ranked by counting before falling
+    back to rounds of max. All powers of two, block <= chunk. num_warps and
+    finish_warps: warps of the stage-1 and stage-2 programs; pdl: launch stage 2
+    with programmatic dependent launch (CUDA, Hopper and later).
+    """
+
+    chunk: int = 4096
+    block: int = 128
+    group: int = 32
+    candidates: int = 64
+    num_warps: int = 4
+    finish_warps: int = 16
+    pdl: bool = True
+
+    def __post_init__(self) -> None:
+        for name in ("chunk", "block", "group", "candidates"):
+            value = getattr(self, name)
+            if value < 1 or value & (value - 1):
+                raise ValueError(f"{name}={value} must be a power of two")
+        if self.block > self.chunk:
+            raise ValueError(f"block={self.block} is larger than chunk={self.chunk}")
+
+
+@dataclass
+class ReduceWorkspace:
+    """Scratch of the Triton path, sized from (rows, vocab, k_max, config) so calls allocate nothing."""
+
+    config: ReduceConfig
+    vocab_size: int
+    chunk_max: torch.Tensor  # [N, n_chunks] f32
+    chunk_sumexp: torch.Tensor  # [N, n_chunks] f32, NaN where the chunk holds NaN or +inf
+    chunk_ahead: torch.Tensor  # [N, n_chunks] int32
+    block_max: torch.Tensor  # [N, n_blocks] f32 ([N, 0] when k_max = 0)
+    candidates: torch.Tensor  # [N, 2 * config.candidates] int64: compaction scratch of stage 2
+
+    @property
+    def n_chunks(self) -> int:
+        return self.chunk_max.shape[1]
+
+    @property
+    def n_blocks(self) -> int:
+        return self.block_max.shape[1]
+
+    @classmethod
+    def allocate(cls, n_rows: int, vocab_size: int, k_max: int, device, config: ReduceConfig) -> ReduceWorkspace:
+        n_chunks = _cdiv(vocab_size, config.chunk)
+        n_blocks = _cdiv(vocab_size, config.block) if k_max > 0 else 0
+
+        def empty(cols: int, dtype: torch.dtype) -> torch.Tensor:
+            return torch.empty(n_rows, cols, dtype=dtype, device=device)
+
+        return cls(
+            config=config,
+            vocab_size=vocab_size,
+            chunk_max=empty(n_chunks, torch.float32),
+            chunk_sumexp=empty(n_chunks, torch.float32),
+            chunk_ahead=empty(n_chunks, torch.int32),
+            block_max=empty(n_blocks, torch.float32),
+            candidates=empty(2 * config.candidates, torch.int64),
+        )
+
+
+@dataclass
+class LogprobBuffers:
+    """Outputs of `reduce_logprobs` for N rows (plus the scratch the kernels need).
+
+    status: 0 ok; 1 invalid row (NaN, +inf, or every entry -inf); 2 token id
+    outside [0, V). On status 1 logprob and logsumexp are NaN, rank is -1,
+    top_ids -1 and top_logprobs NaN in columns < num_top. On status 2 the row
+    is valid: logsumexp and the top-k are computed, logprob is NaN, rank -1.
+    Columns at and past num_top (clamped to [0, min(k_max, V)]) hold -1 / -inf
+    on every computed row. Fresh buffers hold NaN / -1 / -inf and status 0.
+    """
+
+    logprob: torch.Tensor  # [N] f32
+    rank: torch.Tensor  # [N] int32, 1-based
+    logsumexp: torch.Tensor  # [N] f32
+    top_ids: torch.Tensor  # [N, k_max] int32
+    top_logprobs: torch.Tensor  # [N, k_max] f32
+    status: torch.Tensor  # [N] int8
+    workspace: ReduceWorkspace
+
+    @classmethod
+    def allocate(cls, n_rows: int, k_max: int, vocab_size: int, device,
+                 config: ReduceConfig | None = None) -> LogprobBuffers:
+        """Buffers (and workspace) for `n_rows` rows of `vocab_size` logits and top-k up to `k_max`."""
+        if n_rows < 0 or k_max < 0 or vocab_size < 1:
+            raise ValueError(f"bad sizes: n_rows={n_rows}, k_max={k_max}, vocab_size={vocab_size}")
+        device = torch.device(device)
+
+        def full(shape: tuple[int, ...], value: float, dtype: torch.dtype) -> torch.Tensor:
+            return torch.full(shape, value, dtype=dtype, device=device)
+
+        return cls(
+            logprob=full((n_rows,), float("nan"), torch.float32),
+            rank=full((n_rows,), -1, torch.int32),
+            logsumexp=full((n_rows,), float("nan"), torch.float32),
+            top_ids=full((n_rows, k_max), -1, torch.int32),
+            top_logprobs=full((n_rows, k_max), float("-inf"), torch.float32),
+            status=full((n_rows,), 0, torch.int8),
+            workspace=ReduceWorkspace.allocate(n_rows, vocab_size, k_max, device, config or ReduceConfig()),
+        )
+
+    @property
+    def k_max(self) -> int:
+        return self.top_ids.shape[1]
+
+    def head(self, n_rows: int) -> LogprobBuffers:
+        """Views of the first `n_rows` rows: one allocation serves every (padded) batch size."""
+        return _head(self, n_rows, workspace=_head(self.workspace, n_rows))
+
+
+def _head(obj, n_rows: int, **replaced):
+    """A copy of a buffers dataclass with every tensor field cut to its first `n_rows` rows."""
+    tensors = {f.name: getattr(obj, f.name)[:n_rows] for f in dataclasses.fields(obj)
+               if isinstance(getattr(obj, f.name), torch.Tensor)}
+    return dataclasses.replace(obj, **tensors, **replaced)
+
+
+def _check_inputs(logits, token_ids, num_top, k_max, row_mask) -> None:
+    """Shape and dtype checks only (no device data is read)."""
+    if logits.dim() != 2 or logits.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        raise ValueError(f"logits must be [N, V] fp32/bf16/fp16, got {tuple(logits.shape)} {logits.dtype}")
+    if logits.shape[1] == 0 or logits.stride(1) != 1:
+        raise ValueError("logits rows must be non-empty and contiguous")
+    n_rows = logits.shape[0]
+    for name, t in (("token_ids", token_ids), ("num_top", num_top)):
+        if t.shape != (n_rows,) or t.dtype.is_floating_point or t.dtype == torch.bool or t.stride(0) != 1:
+            raise ValueError(f"{name} must be a contiguous [{n_rows}] integer tensor, got {tuple(t.shape)} {t.dtype}")
+    if row_mask is not None and (row_mask.shape != (n_rows,) or row_mask.dtype != torch.bool):
+        raise ValueError(f"row_mask must be a [{n_rows}] bool tensor")
+    if k_max < 0:
+        raise ValueError(f"k_max={k_max} must be >= 0")
+
+
+def _check_out(out: LogprobBuffers, n_rows: int, k_max: int, vocab: int, device: torch.device) -> None:
+    if out.logprob.shape != (n_rows,) or out.k_max != k_max or out.workspace.vocab_size != vocab:
+        raise ValueError(f"out is sized for N={out.logprob.shape[0]}, k_max={out.k_max}, "
+                         f"V={out.workspace.vocab_size}; the call needs N={n_rows}, k_max={k_max}, V={vocab}")
+    if out.logprob.device != device:
+        raise ValueError(f"out is on {out.logprob.device}, logits on {device}")
+
+
+def reduce_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: torch.Tensor, k_max: int,
+                    row_mask: torch.Tensor | None = None, out: LogprobBuffers | None = None) -> LogprobBuffers:
+    """Per row i (where row_mask[i]): logsumexp, logprob and 1-based rank of token_ids[i], and
+    the num_top[i] (<= k_max, a static int) largest logprobs, value descending then lower id.
+
+    All reductions are fp32 on the exact inputs, in a fixed order (bitwise reproducible,
+    independent of N and of the other rows). Masked-off rows are left untouched.
+    See `LogprobBuffers` for what status != 0 rows hold. Pass `out` (from
+    `LogprobBuffers.allocate`) to reuse buffers and capture the call in a CUDA graph.
+    """
+    _check_inputs(logits, token_ids, num_top, k_max, row_mask)
+    n_rows, vocab = logits.shape
+    if out is None:
+        out = LogprobBuffers.allocate(n_rows, k_max, vocab, logits.device)
+    else:
+        _check_out(out, n_rows, k_max, vocab, logits.device)
+    if n_rows == 0:
+        return out
+    if use_triton(logits):
+        from qwen3_runtime.logprobs.kernels import launch_reduce
+
+        launch_reduce(logits, token_ids, num_top, row_mask, out)
+    else:
+        reduce_logprobs_reference(logits, token_ids, num_top, k_max, row_mask, out)
+    return out
+
+
+def reduce_logprobs_reference(logits: torch.Tensor, token_ids: torch.Tensor, num_top: torch.Tensor,
+                              k_max: int, row_mask: torch.Tensor | None = None,
+                              out: LogprobBuffers | None = None) -> LogprobBuffers:
+    """The same function in float64 torch (any device); for CPUs without Triton, and tests."""
+    n_rows, vocab = logits.shape
+    if out is None:
+        out = LogprobBuffers.allocate(n_rows, k_max, vocab, logits.device)
+    rows = torch.arange(n_rows, device=logits.device) if row_mask is None else row_mask.nonzero()[:, 0]
+    x = logits[rows].double()
+    x = torch.where(x == 0, 0.0, x)  # -0.0 ties +0.0
+    token = token_ids[rows].long()
+    invalid = x.isnan().any(1) | x.isposinf().any(1) | x.isneginf().all(1)
+    token_ok = (token >= 0) & (token < vocab)
+    lse = torch.logsumexp(x, 1)
+    target = x.gather(1, token.clamp(0, vocab - 1)[:, None])[:, 0]
+    ids = torch.arange(vocab, device=x.device)
+    ahead = (x > target[:, None]).sum(1) + ((x == target[:, None]) & (ids < token[:, None])).sum(1)
+    status = torch.where(invalid, 1, torch.where(token_ok, 0, 2))
+    nan = torch.tensor(float("nan"), dtype=torch.float64, device=x.device)
+    out.status[rows] = status.to(torch.int8)
+    out.logsumexp[rows] = torch.where(invalid, nan, lse).float()
+    out.logprob[rows] = torch.where(status == 0, target - lse, nan).float()
+    out.rank[rows] = torch.where(status == 0, 1 + ahead, -1).int()
+    if k_max > 0:
+        width = min(k_max, vocab)
+        values, order = torch.sort(x, dim=1, descending=True, stable=True)
+        values, order = values[:, :width], order[:, :width]
+        pad = k_max - width
+        values = torch.nn.functional.pad(values, (0, pad), value=float("-inf"))
+        order = torch.nn.functional.pad(order, (0, pad), value=-1)
+        wanted = torch.arange(k_max, device=x.device) < num_top[rows].long().clamp(0, width)[:, None]
+        out.top_ids[rows] = torch.where(wanted & ~invalid[:, None], order, -1).int()
+        top_lp = torch.where(invalid[:, None], nan, values - lse[:, None])
+        out.top_logprobs[rows] = torch.where(wanted, top_lp, float("-inf")).float()
+    return out

@@ -1,0 +1,284 @@
+"""`reduce_logprobs` (Triton; in the interpreter on CPUs) against the float64 host reference.
+
+CPU tests keep V small and chunks tiny so that rows still span several chunks,
+groups and blocks; the `gpu` tests run V = 151936 on a CUDA device.
+"""
+import numpy as np
+import pytest
+import torch
+
+from qwen3_runtime.logprobs import LogprobBuffers, reduce_logprobs, token_logprob_from_row
+from qwen3_runtime.logprobs.reduce import ReduceConfig, reduce_logprobs_reference
+
+TINY = ReduceConfig(chunk=32, block=4, group=4, candidates=32)
+ROUNDS = ReduceConfig(chunk=32, block=4, group=4, candidates=2)  # forces the exact fallback
+QWEN_VOCAB = 151936
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+def realistic_logits(n_rows: int, vocab: int, seed: int, dtype=torch.float32, device="cpu") -> torch.Tensor:
+    """randn * 3 with a few large spikes, like real next-token logits."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(n_rows, vocab, generator=gen) * 3
+    spikes = torch.randint(0, vocab, (n_rows, 4), generator=gen)
+    x.scatter_add_(1, spikes, 8 + 6 * torch.rand(n_rows, 4, generator=gen))
+    return x.to(dtype).to(device)
+
+
+def run(logits, token_ids, num_top, k_max, config=TINY, row_mask=None, out=None) -> LogprobBuffers:
+    n_rows, vocab = logits.shape
+    if out is None:
+        out = LogprobBuffers.allocate(n_rows, k_max, vocab, logits.device, config)
+    to = dict(device=logits.device)
+    return reduce_logprobs(logits, torch.as_tensor(token_ids, **to), torch.as_tensor(num_top, **to), k_max,
+                           row_mask=row_mask, out=out)
+
+
+def expected_status(row: torch.Tensor, token_id: int) -> int:
+    try:
+        token_logprob_from_row(row, token_id, 0)
+    except ValueError as err:
+        return 2 if "token_id" in str(err) else 1
+    return 0
+
+
+def assert_row_matches(logits: torch.Tensor, out: LogprobBuffers, i: int, token_id: int, num_top: int) -> None:
+    """Row i of `out` against the host reference, to 2e-6 * (1 + max|x|); ranks and ids exactly."""
+    row = logits[i].cpu()
+    k_max, vocab = out.k_max, row.numel()
+    k = min(num_top, k_max, vocab)
+    status = expected_status(row, token_id)
+    assert out.status[i].item() == status, f"row {i}"
+    got_ids = out.top_ids[i].cpu()
+    got_lp = out.top_logprobs[i].cpu().double().numpy()
+    assert (got_ids[k:] == -1).all() and np.isneginf(got_lp[k:]).all()
+    if status == 1:
+        assert np.isnan(out.logprob[i].item()) and np.isnan(out.logsumexp[i].item())
+        assert out.rank[i].item() == -1 and (got_ids == -1).all() and np.isnan(got_lp[:k]).all()
+        return
+    want = token_logprob_from_row(row, token_id if status == 0 else 0, k)
+    finite = row.double()[torch.isfinite(row.double())]
+    tol = 2e-6 * (1 + finite.abs().max().item())
+    assert abs(out.logsumexp[i].item() - want.logsumexp) <= tol
+    assert got_ids[:k].tolist() == want.top_ids, f"row {i}"
+    want_lp = np.array(want.top_logprobs)
+    assert (np.isneginf(got_lp[:k]) == np.isneginf(want_lp)).all()
+    finite_lp = ~np.isneginf(want_lp)
+    assert np.abs(got_lp[:k][finite_lp] - want_lp[finite_lp]).max(initial=0) <= tol
+    if status == 2:
+        assert np.isnan(out.logprob[i].item()) and out.rank[i].item() == -1
+        return
+    assert out.rank[i].item() == want.rank, f"row {i}"
+    got = out.logprob[i].item()
+    assert got == want.logprob if np.isneginf(want.logprob) else abs(got - want.logprob) <= tol
+
+
+def check_all(logits, token_ids, num_top, k_max, config=TINY) -> LogprobBuffers:
+    out = run(logits, token_ids, num_top, k_max, config)
+    for i in range(logits.shape[0]):
+        assert_row_matches(logits, out, i, int(token_ids[i]), int(num_top[i]))
+    return out
+
+
+def hard_rows(vocab: int, seed: int) -> torch.Tensor:
+    """Rows that break naive top-k: ties, -inf regions, sorted values, huge offsets, signed zeros."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.arange(vocab, dtype=torch.float32)
+    few_values = torch.randint(0, 3, (vocab,), generator=gen).float()
+    masked = torch.full((vocab,), float("-inf"))
+    masked[torch.randint(0, vocab, (3,), generator=gen)] = torch.randn(3, generator=gen)
+    half_masked = torch.randn(vocab, generator=gen)
+    half_masked[vocab // 4: 3 * vocab // 4] = float("-inf")
+    zeros = torch.zeros(vocab)
+    zeros[::3] = -0.0
+    return torch.stack([
+        few_values,  # heavy ties
+        torch.zeros(vocab),  # one value everywhere
+        zeros,  # -0.0 ties +0.0
+        masked,  # almost all -inf: the top-k ends in -inf ties
+        half_masked,
+        ids / vocab,  # ascending: all winners in the last blocks
+        -ids / vocab,  # descending
+        torch.randn(vocab, generator=gen) * 3 + 1e4,
+        torch.randn(vocab, generator=gen) * 3 - 1e4,
+    ])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("vocab", [7, 100, 1000])
+def test_random_rows(dtype, vocab):
+    logits = realistic_logits(4, vocab, seed=vocab, dtype=dtype)
+    if dtype != torch.float32:  # low precision: make ties common
+        logits = (logits * 2).round() / 2
+    token_ids = [0, vocab - 1, vocab // 2, 3 % vocab]
+    check_all(logits, token_ids, [20, 0, 1, 5], k_max=20)
+
+
+@pytest.mark.parametrize("config", [TINY, ROUNDS], ids=["counting", "rounds"])
+def test_hard_rows(config):
+    vocab = 90  # 3 chunks of 32, the last one partial
+    logits = hard_rows(vocab, seed=1)
+    n_rows = logits.shape[0]
+    token_ids = torch.randint(0, vocab, (n_rows,), generator=torch.Generator().manual_seed(2))
+    token_ids[3] = 0  # at -inf
+    check_all(logits, token_ids, [20] * n_rows, k_max=20, config=config)
+
+
+@pytest.mark.parametrize("k_max", [0, 1, 2, 3, 7, 20])
+def test_k_max_range(k_max):
+    logits = realistic_logits(2, 50, seed=k_max)
+    out = check_all(logits, [3, 49], [k_max, k_max // 2], k_max=k_max)
+    assert out.top_ids.shape == (2, k_max) and out.top_logprobs.shape == (2, k_max)
+
+
+@pytest.mark.parametrize("vocab", [5, 31, 33])
+def test_vocab_smaller_than_or_not_a_multiple_of_the_chunk(vocab):
+    logits = realistic_logits(1, vocab, seed=vocab)  # N = 1 as well
+    check_all(logits, [vocab - 1], [vocab], k_max=20)
+
+
+def test_tokens_near_chunk_boundaries():
+    vocab, chunk = 100, TINY.chunk
+    tokens = [chunk - 1, chunk, chunk + 1, 2 * chunk - 1, 2 * chunk, 3 * chunk, vocab - 1]
+    logits = (realistic_logits(len(tokens), vocab, seed=5) * 2).round() / 2  # ties around the token
+    logits[1, chunk - 1] = logits[1, chunk]
+    logits[1, chunk + 1] = logits[1, chunk]
+    check_all(logits, tokens, [3] * len(tokens), k_max=3)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's NumPy sees inf - inf
+def test_status_rows():
+    vocab = 40
+    logits = realistic_logits(6, vocab, seed=7)
+    logits[0, 5] = float("nan")
+    logits[1, 39] = float("inf")
+    logits[2] = float("-inf")
+    logits[5, 0] = float("nan")
+    out = check_all(logits, [1, 1, 1, vocab, -1, 99], [4] * 6, k_max=4)
+    assert out.status.tolist() == [1, 1, 1, 2, 2, 1]
+
+
+def check_row_mask_leaves_other_rows_untouched(logits: torch.Tensor, config: ReduceConfig) -> None:
+    n_rows, vocab = logits.shape
+    k_max = 5
+    out = LogprobBuffers.allocate(n_rows, k_max, vocab, logits.device, config)
+    for field in (out.logprob, out.logsumexp, out.top_logprobs):
+        field.fill_(123.25)
+    for field in (out.rank, out.top_ids, out.status):
+        field.fill_(77)
+    poisoned = {name: getattr(out, name).clone() for name in FIELDS}
+    mask = (torch.arange(n_rows) % 2 == 1).to(logits.device)
+    token_ids = torch.arange(n_rows) + 1
+    run(logits, token_ids, [k_max] * n_rows, k_max, row_mask=mask, out=out)
+    for name in FIELDS:
+        assert torch.equal(getattr(out, name)[~mask], poisoned[name][~mask]), name
+    for i in range(1, n_rows, 2):
+        assert_row_matches(logits, out, i, i + 1, k_max)
+
+
+def test_row_mask_leaves_other_rows_untouched():
+    check_row_mask_leaves_other_rows_untouched(realistic_logits(4, 70, seed=11), TINY)
+
+
+FIELDS = ("logprob", "rank", "logsumexp", "top_ids", "top_logprobs", "status")
+
+
+def assert_same_bits(a: LogprobBuffers, i: int, b: LogprobBuffers, j: int) -> None:
+    for name in FIELDS:
+        x, y = getattr(a, name)[i], getattr(b, name)[j]
+        if x.is_floating_point():
+            x, y = x.view(torch.int32), y.view(torch.int32)
+        assert torch.equal(x, y), name
+
+
+def check_determinism(logits, token_ids, num_top, k_max, config, row: int) -> None:
+    """Row `row` alone, inside the whole batch, and the batch again: identical bits."""
+    batch = run(logits, token_ids, num_top, k_max, config)
+    again = run(logits, token_ids, num_top, k_max, config)
+    alone = run(logits[row:row + 1].clone(), token_ids[row:row + 1], num_top[row:row + 1], k_max, config)
+    assert_same_bits(alone, 0, batch, row)
+    for i in range(logits.shape[0]):
+        assert_same_bits(again, i, batch, i)
+
+
+def test_bitwise_determinism_in_a_batch_of_64():
+    vocab = 64
+    logits = realistic_logits(64, vocab, seed=13)
+    token_ids = torch.randint(0, vocab, (64,), generator=torch.Generator().manual_seed(14))
+    num_top = torch.zeros(64, dtype=torch.int64)
+    num_top[[0, 17, 63]] = 3  # top-k only on a few rows keeps the interpreter fast
+    check_determinism(logits, token_ids, num_top, 3, TINY, row=17)
+
+
+def test_torch_reference_matches_host_reference():
+    logits = torch.cat([realistic_logits(3, 300, seed=17), hard_rows(300, seed=18)])
+    n_rows = logits.shape[0]
+    token_ids = torch.arange(n_rows) * 13
+    token_ids[-1] = 300
+    num_top = torch.full((n_rows,), 20)
+    out = reduce_logprobs_reference(logits, token_ids, num_top, 20)
+    for i in range(n_rows):
+        assert_row_matches(logits, out, i, int(token_ids[i]), 20)
+
+
+def test_out_with_the_wrong_size_is_refused():
+    out = LogprobBuffers.allocate(2, 3, 50, "cpu", TINY)
+    with pytest.raises(ValueError, match="out is sized for"):
+        run(realistic_logits(2, 50, seed=0), [0, 1], [1, 1], k_max=4, out=out)
+
+
+# --- H200 / any CUDA device: the real vocabulary -------------------------------------------------
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_full_vocabulary(dtype):
+    n_rows = 64
+    logits = torch.cat([realistic_logits(n_rows - 9, QWEN_VOCAB, seed=21, dtype=dtype),
+                        hard_rows(QWEN_VOCAB, seed=22).to(dtype)]).cuda()
+    token_ids = torch.randint(0, QWEN_VOCAB, (n_rows,), generator=torch.Generator().manual_seed(23))
+    num_top = torch.tensor([20, 0, 1, 5, 17, 20, 20, 2] * 8)
+    out = check_all(logits, token_ids.cuda(), num_top.cuda(), 20, ReduceConfig())
+    assert out.status.eq(0).all()
+    check_determinism(logits, token_ids.cuda(), num_top.cuda(), 20, ReduceConfig(), row=37)
+    without_pdl = run(logits, token_ids.cuda(), num_top.cuda(), 20, ReduceConfig(pdl=False))
+    for i in range(n_rows):
+        assert_same_bits(out, i, without_pdl, i)
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("pdl", [True, False])
+def test_gpu_status_and_row_mask(pdl):
+    config = ReduceConfig(pdl=pdl)
+    logits = realistic_logits(8, QWEN_VOCAB, seed=31).cuda()
+    logits[0, 100_000] = float("nan")
+    logits[1, 5] = float("inf")
+    logits[2] = float("-inf")
+    token_ids = torch.tensor([1, 2, 3, QWEN_VOCAB, -5, 6, 7, 8])
+    out = check_all(logits, token_ids.cuda(), torch.full((8,), 20).cuda(), 20, config)
+    assert out.status.tolist() == [1, 1, 1, 2, 2, 0, 0, 0]
+    check_row_mask_leaves_other_rows_untouched(logits, config)
+
+
+@gpu
+@pytest.mark.gpu
+def test_gpu_cuda_graph_capture_allocates_nothing():
+    n_rows, k_max = 32, 20
+    logits = realistic_logits(n_rows, QWEN_VOCAB, seed=41).cuda()
+    token_ids = torch.arange(n_rows, device="cuda") * 1000
+    num_top = torch.full((n_rows,), k_max, device="cuda")
+    out = LogprobBuffers.allocate(n_rows, k_max, QWEN_VOCAB, "cuda")
+    reduce_logprobs(logits, token_ids, num_top, k_max, out=out)  # compile outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        reduce_logprobs(logits, token_ids, num_top, k_max, out=out)
+    logits.copy_(realistic_logits(n_rows, QWEN_VOCAB, seed=42).cuda())
+    before = torch.cuda.memory_allocated()
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == before
+    for i in range(n_rows):
+        assert_row_matches(logits, out, i, i * 1000, k_max)
