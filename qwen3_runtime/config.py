@@ -83,6 +83,10 @@ class EngineConfig:
     # None: enough for max_num_seqs full-length sequences, capped by gpu_memory_utilization.
     num_kv_blocks: Optional[int] = field(default=None, metadata=_range(1))
     gpu_memory_utilization: float = field(default=0.9, metadata=_range(0, 1, lo_open=True))
+    # Capture the decode step in CUDA graphs (GPU only), one per padded batch size.
+    cuda_graphs: bool = True
+    # Padded batch sizes; None: 1, 2, 4, 8, then steps of 8 up to max_num_seqs.
+    cuda_graph_buckets: Optional[list[int]] = None
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < self.max_model_len:
@@ -91,6 +95,10 @@ class EngineConfig:
                 f"max_model_len={self.max_model_len}, so any prompt fits one prefill")
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ConfigError(f"device={self.device!r} is invalid: use auto, cpu, cuda or cuda:N")
+        for size in self.cuda_graph_buckets or []:
+            if not 1 <= size <= self.max_num_seqs:
+                raise ConfigError(f"cuda_graph_buckets={self.cuda_graph_buckets} is invalid: every size must be "
+                                  f"in [1, max_num_seqs={self.max_num_seqs}]")
 
 
 @dataclass(frozen=True)
@@ -99,6 +107,10 @@ class LogprobsConfig:
     path: Literal["device", "host"] = "device"
     # Largest `logprobs` / `prompt_logprobs` a request may ask for; -1 allows the full vocabulary.
     max_logprobs: int = field(default=20, metadata=_range(-1))
+    # Default logprobs_mode of requests: raw (before temperature / top-k / top-p) or processed.
+    mode: Literal["raw", "processed"] = "raw"
+    # Prompt positions whose logits exist at once when computing prompt logprobs.
+    prompt_chunk_size: int = field(default=256, metadata=_range(1))
 
 
 @dataclass(frozen=True)

@@ -154,4 +154,9 @@ class Qwen3ForCausalLM(nn.Module):
         return self.model.norm(h)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+        """fp32 logits. On the GPU the bf16 operands accumulate in fp32 and the product is written in
+        fp32 directly: rounded to bf16, a logit of 20 would only be good to +-0.06."""
+        weight = self.lm_head.weight
+        if hidden.is_cuda and hidden.dtype != torch.float32:
+            return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+        return F.linear(hidden, weight).float()

@@ -26,6 +26,9 @@ class SamplingParams:
     logprobs: Optional[int] = None
     # Top logprobs per prompt token (the first prompt token has none); None: none.
     prompt_logprobs: Optional[int] = None
+    # raw: logprobs of the model's distribution; processed: of the one sampled from (after
+    # temperature, top-k, top-p). None: the config's logprobs.mode.
+    logprobs_mode: Optional[str] = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, lo=1)
@@ -48,6 +51,8 @@ class SamplingParams:
             value = getattr(self, name)
             if value is not None:
                 _check_int(name, value, lo=-1)
+        if self.logprobs_mode not in (None, "raw", "processed"):
+            raise ValueError(f"logprobs_mode={self.logprobs_mode!r} is invalid: allowed values are raw, processed")
 
     @property
     def greedy(self) -> bool:

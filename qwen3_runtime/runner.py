@@ -1,131 +1,225 @@
-"""Runs the model for a scheduled batch: packs inputs, forwards, samples, returns host results."""
+"""Runs the model for a scheduled batch and returns host results with one compact copy per step.
+
+Decode: stage the rows into static buffers, replay the bucket's CUDA graph (model -> lm_head ->
+sampling -> logprobs reduction -> packing -> one copy into pinned memory), wait once.
+Prefill: an eager forward over whole prompts, prompt logprobs over chunks of positions, then the
+same sampling / reduction / packing for each prompt's last position.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+from typing import Optional
 
 import numpy as np
 import torch
 
-from qwen3_runtime.config import EngineConfig
+from graphs import StepGraphs, default_buckets
+from qwen3_runtime.config import Config
 from qwen3_runtime.kv_cache import cdiv
+from qwen3_runtime.logprobs import LogprobBuffers, TokenLogprob, reduce_logprobs, token_logprob_from_row
 from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops.decode_attention import default_num_splits
-from qwen3_runtime.sampler import SamplingTensors, sample
+from qwen3_runtime.packing import pack, packed_width, unpack_row
+from qwen3_runtime.sampler import processed_logits, sample
 from qwen3_runtime.sequence import Sequence
+from qwen3_runtime.step_inputs import StepInputs
+
+GREEDY, RANDOM = "greedy", "random"  # graph variants: only random batches sort and draw noise
+NOT_FINITE = "the model's logits for this request were not finite (NaN or inf); the request was stopped"
 
 
 @dataclass
-class DecodeInputs:
-    """Static per-row decode inputs; the device copy is what a captured graph reads."""
+class RowResult:
+    token_id: int
+    logprob: Optional[TokenLogprob] = None
+    error: Optional[str] = None
 
-    input_ids: torch.Tensor  # int64 [max_bs]
-    positions: torch.Tensor  # int64 [max_bs]
-    slot_mapping: torch.Tensor  # int64 [max_bs], -1 for padded rows
-    block_tables: torch.Tensor  # int32 [max_bs, max_blocks]
-    seq_lens: torch.Tensor  # int32 [max_bs], 0 for padded rows
-    temperature: torch.Tensor  # f32 [max_bs]
-    top_k: torch.Tensor  # int32 [max_bs]
-    top_p: torch.Tensor  # f32 [max_bs]
-    seed: torch.Tensor  # int64 [max_bs]
 
-    @classmethod
-    def allocate(cls, max_bs: int, max_blocks: int, device: torch.device, pin: bool = False) -> "DecodeInputs":
-        def empty(*shape: int, dtype: torch.dtype) -> torch.Tensor:
-            return torch.zeros(*shape, dtype=dtype, device=device, pin_memory=pin)
+@dataclass
+class RunnerStats:
+    """Counted at the runner's copy and sync points."""
 
-        i64, i32, f32 = torch.int64, torch.int32, torch.float32
-        return cls(empty(max_bs, dtype=i64), empty(max_bs, dtype=i64), empty(max_bs, dtype=i64),
-                   empty(max_bs, max_blocks, dtype=i32), empty(max_bs, dtype=i32), empty(max_bs, dtype=f32),
-                   empty(max_bs, dtype=i32), empty(max_bs, dtype=f32), empty(max_bs, dtype=i64))
-
-    def copy_from(self, host: "DecodeInputs", rows: int) -> None:
-        for f in fields(self):
-            getattr(self, f.name)[:rows].copy_(getattr(host, f.name)[:rows], non_blocking=True)
-
-    def sampling(self, rows: int) -> SamplingTensors:
-        # The token being sampled sits one past the input token.
-        return SamplingTensors(self.temperature[:rows], self.top_k[:rows], self.top_p[:rows],
-                               self.seed[:rows], self.positions[:rows] + 1)
+    decode_steps: int = 0
+    prefill_steps: int = 0
+    d2h_copies: int = 0
+    d2h_bytes: int = 0
+    host_syncs: int = 0
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3ForCausalLM, kv_cache: torch.Tensor, cfg: EngineConfig) -> None:
-        self.model = model
-        self.kv_cache = kv_cache
-        self.block_size = cfg.block_size
-        self.device = kv_cache.device
-        max_blocks = cdiv(cfg.max_model_len, cfg.block_size)
-        self.max_model_len = cfg.max_model_len
-        self.num_sms = (torch.cuda.get_device_properties(self.device).multi_processor_count
-                        if self.device.type == "cuda" else 1)
-        self.inputs = DecodeInputs.allocate(cfg.max_num_seqs, max_blocks, self.device)
-        self.staging = DecodeInputs.allocate(cfg.max_num_seqs, max_blocks, torch.device("cpu"),
-                                             pin=self.device.type == "cuda")
+    def __init__(self, model: Qwen3ForCausalLM, kv_cache: torch.Tensor, config: Config) -> None:
+        engine, self.lp_config = config.engine, config.logprobs
+        self.model, self.kv_cache, self.device = model, kv_cache, kv_cache.device
+        self.block_size, self.max_model_len = engine.block_size, engine.max_model_len
+        vocab, max_rows = model.config.vocab_size, engine.max_num_seqs
+        # max_logprobs -1 allows the full vocabulary: such rows take the host path, others this width.
+        self.k_max = self.lp_config.max_logprobs if self.lp_config.max_logprobs >= 0 else 20
+        pin = self.device.type == "cuda"
+        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if pin else 1
+        self.inputs = StepInputs.allocate(max_rows, cdiv(engine.max_model_len, engine.block_size), self.device)
+        self.staging = StepInputs.allocate(*self.inputs.block_tables.shape, torch.device("cpu"), pin=pin)
+        self.logprobs = LogprobBuffers.allocate(max_rows, self.k_max, vocab, self.device)
+        self.prompt_logprobs = LogprobBuffers.allocate(self.lp_config.prompt_chunk_size, self.k_max, vocab,
+                                                       self.device)
+        self.packed = torch.zeros(max(max_rows, self.lp_config.prompt_chunk_size), packed_width(self.k_max),
+                                  dtype=torch.int32, device=self.device)
+        self.packed_host = torch.zeros_like(self.packed, device="cpu", pin_memory=pin)
+        self.stats = RunnerStats()
+        self.graphs = StepGraphs(self._decode_step, engine.cuda_graph_buckets or default_buckets(max_rows),
+                                 variants=(GREEDY, RANDOM))
+        if pin and engine.cuda_graphs:
+            self.graphs.capture()
 
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence]) -> list[int]:
-        """Process whole prompts (or a preempted sequence's tokens) and sample each one's next token."""
+    def decode(self, seqs: list[Sequence]) -> list[RowResult]:
+        """One token (and its logprobs) for each running sequence."""
+        batch = self.graphs.padded_size(len(seqs))
+        self._stage(seqs, batch, [seq.num_tokens - 1 for seq in seqs])
+        _, lp_logits = self.graphs.run(len(seqs), _variant(seqs))
+        self.stats.decode_steps += 1
+        return self._results(seqs, batch, lp_logits)
+
+    def _decode_step(self, batch: int, variant: str) -> torch.Tensor:
+        """The captured step: reads only static inputs, ends with the one device-to-host copy."""
+        inp = self.inputs
+        num_splits = default_num_splits(batch, self.model.config.num_key_value_heads, self.max_model_len,
+                                        self.num_sms)
+        meta = AttentionMetadata(slot_mapping=inp.slot_mapping[:batch], block_tables=inp.block_tables[:batch],
+                                 seq_lens=inp.seq_lens[:batch], num_splits=num_splits)
+        hidden = self.model(inp.input_ids[:batch], inp.positions[:batch], self.kv_cache, meta)
+        lp_logits = self._sample_and_reduce(self.model.compute_logits(hidden), batch, variant)
+        self.packed_host[:batch].copy_(self.packed[:batch], non_blocking=True)
+        return lp_logits
+
+    @torch.inference_mode()
+    def prefill(self, seqs: list[Sequence]) -> list[RowResult]:
+        """Whole prompts (or a preempted sequence's tokens) in one pass; samples each one's next token."""
         lengths = [seq.num_tokens for seq in seqs]
+        cu_seqlens = np.cumsum([0] + lengths).tolist()
         positions = np.concatenate([np.arange(n) for n in lengths])
         slots = np.concatenate([self._slots(seq, np.arange(seq.num_tokens)) for seq in seqs])
-        cu_seqlens = np.concatenate([[0], np.cumsum(lengths)]).tolist()
-        to_device = lambda a: torch.from_numpy(np.asarray(a, dtype=np.int64)).to(self.device)
-        meta = AttentionMetadata(slot_mapping=to_device(slots), cu_seqlens=cu_seqlens)
-        hidden = self.model(to_device(np.concatenate([seq.tokens for seq in seqs])),
-                            to_device(positions), self.kv_cache, meta)
-        logits = self.model.compute_logits(hidden[to_device(cu_seqlens[1:]) - 1])
-        rows = _sampling_rows(seqs)
-        params = SamplingTensors(
-            temperature=torch.tensor(rows["temperature"], dtype=torch.float32, device=self.device),
-            top_k=torch.tensor(rows["top_k"], dtype=torch.int32, device=self.device),
-            top_p=torch.tensor(rows["top_p"], dtype=torch.float32, device=self.device),
-            seed=to_device(rows["seed"]), position=to_device(lengths))
-        return sample(logits, params, *_needs(seqs)).tolist()
-
-    @torch.inference_mode()
-    def decode(self, seqs: list[Sequence]) -> list[int]:
-        """One token for each running sequence, from static buffers."""
+        meta = AttentionMetadata(slot_mapping=self._tensor(slots), cu_seqlens=cu_seqlens)
+        hidden = self.model(self._tensor(np.concatenate([seq.tokens for seq in seqs])), self._tensor(positions),
+                            self.kv_cache, meta)
+        self._prompt_logprobs(seqs, hidden, cu_seqlens)
         rows = len(seqs)
-        self._stage(seqs)
-        self.inputs.copy_from(self.staging, rows)
-        inp = self.inputs
-        meta = AttentionMetadata(slot_mapping=inp.slot_mapping[:rows], block_tables=inp.block_tables[:rows],
-                                 seq_lens=inp.seq_lens[:rows],
-                                 num_splits=default_num_splits(rows, self.model.config.num_key_value_heads,
-                                                               self.max_model_len, self.num_sms))
-        hidden = self.model(inp.input_ids[:rows], inp.positions[:rows], self.kv_cache, meta)
-        logits = self.model.compute_logits(hidden)
-        return sample(logits, inp.sampling(rows), *_needs(seqs)).tolist()
+        self._stage(seqs, rows, [n - 1 for n in lengths])
+        last = self.model.compute_logits(hidden[self._tensor(cu_seqlens[1:]) - 1])
+        lp_logits = self._sample_and_reduce(last, rows, _variant(seqs))
+        self.packed_host[:rows].copy_(self.packed[:rows], non_blocking=True)
+        self.stats.prefill_steps += 1
+        return self._results(seqs, rows, lp_logits)
 
-    def _stage(self, seqs: list[Sequence]) -> None:
-        host = self.staging
+    def _prompt_logprobs(self, seqs: list[Sequence], hidden: torch.Tensor, cu_seqlens: list[int]) -> None:
+        """Logprobs of prompt tokens 1..n-1 (token 0 has no context), raw, `prompt_chunk_size` positions
+        at a time: at most [chunk, V] logits exist at once, one compact copy per chunk."""
+        todo = []  # (sequence, row in `hidden`, the prompt token that follows)
+        for seq, start in zip(seqs, cu_seqlens):
+            if seq.needs_prompt_logprobs:
+                seq.prompt_logprobs = [None]
+                todo += [(seq, start + p, seq.prompt[p + 1]) for p in range(len(seq.prompt) - 1)]
+        chunk = self.lp_config.prompt_chunk_size
+        for begin in range(0, len(todo), chunk):
+            part = todo[begin:begin + chunk]
+            logits = self.model.compute_logits(hidden[self._tensor([row for _, row, _ in part])])
+            targets = [target for _, _, target in part]
+            ks = [seq.params.prompt_logprobs for seq, _, _ in part]
+            if any(self._host_path(k) for k in ks):
+                results = [self._from_full_row(logits[i], t, k) for i, (t, k) in enumerate(zip(targets, ks))]
+            else:
+                results = self._reduce_chunk(logits, targets, ks)
+            for (seq, _, _), result in zip(part, results):
+                seq.prompt_logprobs.append(result)
+                if result is None:
+                    seq.error = NOT_FINITE
+
+    def _reduce_chunk(self, logits: torch.Tensor, targets: list[int], ks: list[int]) -> list[Optional[TokenLogprob]]:
+        rows = len(targets)
+        out, packed = self.prompt_logprobs.head(rows), self.packed[:rows]
+        target_ids = self._tensor(targets)
+        reduce_logprobs(logits, target_ids, self._tensor(ks), self.k_max, out=out)
+        pack(target_ids, out.status, out, packed)
+        self.packed_host[:rows].copy_(packed, non_blocking=True)
+        host = self._wait_for_copy(rows)
+        return [unpack_row(host[i], k) if host[i, 1] == 0 else None for i, k in enumerate(ks)]
+
+    def _sample_and_reduce(self, logits: torch.Tensor, batch: int, variant: str) -> torch.Tensor:
+        """Sample, reduce the rows that asked for logprobs, pack it all into `self.packed[:batch]`.
+        Returns the logits the logprobs are taken from (raw, or processed per row)."""
+        inp = self.inputs
+        if variant == GREEDY:
+            peak, tokens = logits.max(dim=-1)  # ties: the lower token id
+            lp_logits = logits
+        else:
+            params = inp.sampling(batch)
+            processed = processed_logits(logits, params)
+            peak, tokens = logits.amax(dim=-1), sample(processed, params)
+            lp_logits = torch.where(inp.processed[:batch, None] != 0, processed, logits)
+        out = self.logprobs.head(batch)
+        reduce_logprobs(lp_logits, tokens, inp.num_top[:batch], self.k_max,
+                        row_mask=inp.wants_logprobs[:batch] != 0, out=out)
+        pack(tokens, ~torch.isfinite(peak), out, self.packed[:batch])  # status 1: NaN, +inf or all -inf
+        return lp_logits
+
+    def _results(self, seqs: list[Sequence], batch: int, lp_logits: torch.Tensor) -> list[RowResult]:
+        host = self._wait_for_copy(batch)
+        results = []
         for i, seq in enumerate(seqs):
-            position = seq.num_tokens - 1
-            host.input_ids[i] = seq.last_token
-            host.positions[i] = position
-            host.slot_mapping[i] = int(self._slots(seq, np.array([position]))[0])
+            token, k = int(host[i, 0]), seq.params.logprobs
+            if host[i, 1] != 0:
+                results.append(RowResult(token, error=NOT_FINITE))
+            elif k is not None and self._host_path(k):
+                results.append(RowResult(token, self._from_full_row(lp_logits[i], token, k)))
+            else:
+                results.append(RowResult(token, None if k is None else unpack_row(host[i], k)))
+        return results
+
+    def _wait_for_copy(self, rows: int) -> np.ndarray:
+        """The one synchronisation of a step: the packed copy has landed."""
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        self.stats.host_syncs += 1
+        self.stats.d2h_copies += 1
+        self.stats.d2h_bytes += rows * self.packed.shape[1] * 4
+        return self.packed_host.numpy()
+
+    def _host_path(self, k: int) -> bool:
+        """The old design (a full row to the host, float64 scan): by config, or for k = -1 (the whole
+        vocabulary) and k above the static width, allowed only when max_logprobs is -1."""
+        return self.lp_config.path == "host" or k == -1 or k > self.k_max
+
+    def _from_full_row(self, row: torch.Tensor, token: int, k: int) -> Optional[TokenLogprob]:
+        host_row = row.cpu()
+        self.stats.d2h_copies += 1
+        self.stats.d2h_bytes += host_row.numel() * host_row.element_size()
+        self.stats.host_syncs += 1
+        try:
+            return token_logprob_from_row(host_row, token, k)
+        except ValueError:  # a row that is not finite: the request is failed by its caller
+            return None
+
+    def _stage(self, seqs: list[Sequence], batch: int, positions: list[int]) -> None:
+        """Fill rows (and padding up to `batch`) in the pinned staging copy, then copy it over."""
+        host = self.staging
+        for i, (seq, position) in enumerate(zip(seqs, positions)):
+            p, k = seq.params, seq.params.logprobs
+            on_device = k is not None and not self._host_path(k)
+            host.set_row(i, input_ids=seq.tokens[position], positions=position, seq_lens=position + 1,
+                         slot_mapping=int(self._slots(seq, np.array([position]))[0]),
+                         top_k=p.top_k, seed=seq.seed, temperature=p.temperature, top_p=p.top_p,
+                         num_top=k if on_device else 0, wants_logprobs=int(on_device),
+                         processed=int((p.logprobs_mode or self.lp_config.mode) == "processed"))
             host.block_tables[i, :len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.int32)
-            host.seq_lens[i] = seq.num_tokens
-        rows = _sampling_rows(seqs)
-        n = len(seqs)
-        for name in ("temperature", "top_k", "top_p", "seed"):
-            getattr(host, name)[:n] = torch.tensor(rows[name])
+        host.pad(len(seqs), batch)
+        self.inputs.copy_from(host, batch)
 
     def _slots(self, seq: Sequence, positions: np.ndarray) -> np.ndarray:
         table = np.asarray(seq.block_table, dtype=np.int64)
         return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
-
-def _sampling_rows(seqs: list[Sequence]) -> dict[str, list]:
-    return {
-        "temperature": [float(s.params.temperature) for s in seqs],
-        "top_k": [s.params.top_k for s in seqs],
-        "top_p": [float(s.params.top_p) for s in seqs],
-        "seed": [s.seed for s in seqs],
-    }
+    def _tensor(self, values) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(self.device, non_blocking=True)
 
 
-def _needs(seqs: list[Sequence]) -> tuple[bool, bool]:
-    """Whether any row samples at random, and whether any random row filters by top-k / top-p."""
-    random_rows = [s.params for s in seqs if not s.params.greedy]
-    return bool(random_rows), any(p.top_k > 0 or p.top_p < 1 for p in random_rows)
+def _variant(seqs: list[Sequence]) -> str:
+    return RANDOM if any(not s.params.greedy for s in seqs) else GREEDY

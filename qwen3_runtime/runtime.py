@@ -13,7 +13,7 @@ from qwen3_runtime.config import Config, load_config
 from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache, cdiv, kv_bytes_per_block
 from qwen3_runtime.loader import load_model
 from qwen3_runtime.params import SamplingParams
-from qwen3_runtime.runner import ModelRunner
+from qwen3_runtime.runner import ModelRunner, RunnerStats
 from qwen3_runtime.scheduler import Scheduler
 from qwen3_runtime.sequence import RequestMetrics, RequestOutput, Sequence
 
@@ -35,7 +35,7 @@ class Runtime:
         num_blocks = self._num_kv_blocks()
         self.kv_cache = allocate_kv_cache(arch, num_blocks, engine.block_size, self.dtype, self.device)
         self.scheduler = Scheduler(engine, BlockManager(num_blocks, engine.block_size))
-        self.runner = ModelRunner(self.model, self.kv_cache, engine)
+        self.runner = ModelRunner(self.model, self.kv_cache, config)
         self.eos_token_ids = set(arch.eos_token_ids)
         self._next_id = 0
         self.num_generated = 0
@@ -69,21 +69,28 @@ class Runtime:
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             return []
-        tokens = self.runner.prefill(seqs) if is_prefill else self.runner.decode(seqs)
+        results = self.runner.prefill(seqs) if is_prefill else self.runner.decode(seqs)
         now = time.perf_counter()
         self.num_generated += len(seqs)
         finished = []
-        for seq, token in zip(seqs, tokens):
+        for seq, result in zip(seqs, results):
             if seq.first_token_time is None:
                 seq.first_token_time = now
-            seq.output.append(token)
-            seq.logprobs.append(None)
-            reason = self._finish_reason(seq, token)
+            seq.error = seq.error or result.error
+            if not seq.error:
+                seq.output.append(result.token_id)
+                seq.logprobs.append(result.logprob)
+            reason = "error" if seq.error else self._finish_reason(seq, result.token_id)
             if reason:
                 seq.finish_reason, seq.finished_time = reason, now
                 self.scheduler.finish(seq)
                 finished.append(_to_output(seq))
         return finished
+
+    @property
+    def stats(self) -> RunnerStats:
+        """Steps, device-to-host copies and bytes, host synchronisations so far."""
+        return self.runner.stats
 
     def generate(self, prompts: Seq[list[int]], params: Union[SamplingParams, Seq[SamplingParams], None] = None,
                  use_tqdm: bool = False) -> list[RequestOutput]:
@@ -131,9 +138,10 @@ class Runtime:
             value = getattr(params, name)
             if value is None:
                 continue
-            if max_logprobs == -1:
-                continue
-            if not 0 <= value <= max_logprobs:
+            if max_logprobs == -1 and not -1 <= value <= vocab:
+                raise ValueError(f"{name}={value} is out of range: must be in [-1, {vocab}] (-1: the whole "
+                                 f"vocabulary)")
+            if max_logprobs != -1 and not 0 <= value <= max_logprobs:
                 raise ValueError(f"{name}={value} is out of range: must be in [0, {max_logprobs}] "
                                  f"(logprobs.max_logprobs; -1, the full vocabulary, needs max_logprobs: -1)")
 

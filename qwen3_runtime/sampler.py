@@ -24,17 +24,18 @@ class SamplingTensors:
     position: torch.Tensor  # int64, position of the token being sampled
 
 
-def sample(logits: torch.Tensor, params: SamplingTensors, any_random: bool, any_filter: bool) -> torch.Tensor:
-    """Token ids [B] (int64). `any_random` / `any_filter` are host facts that let all-greedy
-    batches skip the noise and unfiltered batches skip the sort."""
-    greedy = logits.argmax(dim=-1)
-    if not any_random:
-        return greedy
-    scaled = logits / params.temperature.clamp_min(1e-6)[:, None]
-    if any_filter:
-        scaled = _top_k_top_p(scaled, params.top_k, params.top_p)
-    noisy = scaled + gumbel_noise(params.seed, params.position, logits.shape[-1])
-    return torch.where(params.temperature > 0, noisy.argmax(dim=-1), greedy)
+def processed_logits(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """What random rows sample from: logits / temperature, -inf outside top-k and top-p.
+    Greedy rows (temperature 0) keep their raw logits."""
+    scaled = _top_k_top_p(logits / params.temperature.clamp_min(1e-6)[:, None], params.top_k, params.top_p)
+    return torch.where((params.temperature > 0)[:, None], scaled, logits)
+
+
+def sample(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """Token ids [B] (int64) from processed logits: Gumbel-max for random rows, argmax for greedy ones."""
+    noise = gumbel_noise(params.seed, params.position, processed.shape[-1])
+    noise = noise.masked_fill_((params.temperature == 0)[:, None], 0.0)
+    return (processed + noise).argmax(dim=-1)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

@@ -38,19 +38,25 @@ def main() -> None:
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--modes", nargs="+", default=["graph", "eager"], choices=["graph", "eager"])
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
-    rt = Runtime.from_yaml(args.config, overrides={"engine.max_model_len": 1024, "engine.max_num_batched_tokens": 8192})
-    measure_tpot(rt, 2, 16, 4)  # warm-up: Triton compilation, allocator
     rows = []
-    for batch in args.batch:
-        runs = [measure_tpot(rt, batch, args.prompt_len, args.max_tokens, seed=r) for r in range(args.repeats)]
-        row = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
-        rows.append(row)
-        print(f"{args.config} eager batch {batch:3d}: TPOT {row['tpot_ms']:.2f} ms  "
-              f"TTFT {row['ttft_ms']:.1f} ms  {row['tokens_per_s']:.0f} tok/s", flush=True)
+    for mode in args.modes:
+        rt = Runtime.from_yaml(args.config, overrides={
+            "engine.max_model_len": 1024, "engine.max_num_seqs": max(args.batch),
+            "engine.cuda_graphs": mode == "graph"})
+        measure_tpot(rt, 2, 16, 4)  # warm-up: Triton compilation, allocator
+        for batch in args.batch:
+            runs = [measure_tpot(rt, batch, args.prompt_len, args.max_tokens, seed=r) for r in range(args.repeats)]
+            row = {"mode": mode, **{k: statistics.median(r[k] for r in runs) for k in runs[0]}}
+            rows.append(row)
+            print(f"{args.config} {mode} batch {batch:3d}: TPOT {row['tpot_ms']:.2f} ms  "
+                  f"TTFT {row['ttft_ms']:.1f} ms  {row['tokens_per_s']:.0f} tok/s", flush=True)
+        del rt
+        torch.cuda.empty_cache()
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"config": args.config, "mode": "eager", "prompt_len": args.prompt_len,
+    result = {"config": args.config, "prompt_len": args.prompt_len,
               "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows, **environment()}
     (args.out / "decode.json").write_text(json.dumps(result, indent=2))
 

@@ -1,0 +1,60 @@
+"""One CUDA graph per (batch-size bucket, variant) of a step function that reads and writes only
+static buffers. A batch is padded up to the nearest bucket and replayed; a batch over the largest
+bucket, and every run where graphs are off (the CPU), calls the same step eagerly, padded the same
+way, so padding and masking are exercised everywhere."""
+from __future__ import annotations
+
+import bisect
+from typing import Any, Callable, Hashable, Sequence
+
+import torch
+
+Step = Callable[[int, Hashable], Any]
+
+
+def default_buckets(max_batch: int) -> list[int]:
+    """1, 2, 4, 8, then steps of 8, up to and including max_batch."""
+    sizes = {b for b in (1, 2, 4) if b < max_batch} | set(range(8, max_batch, 8)) | {max_batch}
+    return sorted(sizes)
+
+
+class StepGraphs:
+    """`step(batch, variant)` must only read inputs from, and write results to, static buffers; what it
+    returns (tensors from the graph's pool) is kept at capture and returned again by every replay."""
+
+    def __init__(self, step: Step, buckets: Sequence[int], variants: Sequence[Hashable] = (None,)) -> None:
+        if not buckets or min(buckets) < 1:
+            raise ValueError(f"buckets={list(buckets)!r} is invalid: need at least one size >= 1")
+        self.step = step
+        self.buckets = sorted(set(buckets))
+        self.variants = list(variants)
+        self.graphs: dict[tuple[int, Hashable], tuple[torch.cuda.CUDAGraph, Any]] = {}
+
+    def padded_size(self, rows: int) -> int:
+        """The bucket a batch of `rows` is padded to (itself when over the largest bucket)."""
+        i = bisect.bisect_left(self.buckets, rows)
+        return self.buckets[i] if i < len(self.buckets) else rows
+
+    def capture(self, warmup: int = 2) -> None:
+        """Largest bucket first, so smaller graphs reuse its memory in the one shared pool."""
+        pool = torch.cuda.graph_pool_handle()
+        for variant in self.variants:
+            for batch in reversed(self.buckets):
+                for _ in range(warmup):  # compiles Triton kernels, settles the allocator
+                    self.step(batch, variant)
+                torch.cuda.synchronize()
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    outputs = self.step(batch, variant)
+                self.graphs[(batch, variant)] = (graph, outputs)
+        torch.cuda.synchronize()
+
+    def run(self, rows: int, variant: Hashable = None) -> tuple[int, Any]:
+        """Run the step for `rows` real rows; returns the padded batch size and the step's outputs."""
+        batch = self.padded_size(rows)
+        captured = self.graphs.get((batch, variant))
+        if captured is None:
+            return batch, self.step(batch, variant)
+        graph, outputs = captured
+        graph.replay()
+        return batch, outputs

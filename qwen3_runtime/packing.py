@@ -1,0 +1,49 @@
+"""The one compact device-to-host record of a step: sampled ids and every logprob result.
+
+Layout, one int32 row per batch row, `5 + 2 * k_max` columns (floats stored as their bits):
+
+    0 token id | 1 status | 2 logprob (f32) | 3 rank | 4 logsumexp (f32)
+    5 .. 5+k_max top ids | 5+k_max .. 5+2*k_max top logprobs (f32)
+
+So a step copies rows * (5 + 2 * k_max) * 4 bytes: 180 bytes per row at k_max = 20, never
+O(vocab). Status: 0 ok, 1 the row's logits were not finite (NaN, +inf or all -inf).
+Logprob columns of rows that did not ask for logprobs are stale and never read.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from qwen3_runtime.logprobs import LogprobBuffers, TokenLogprob
+
+HEADER = 5  # token, status, logprob, rank, logsumexp
+
+
+def packed_width(k_max: int) -> int:
+    return HEADER + 2 * k_max
+
+
+def pack(tokens: torch.Tensor, status: torch.Tensor, logprobs: LogprobBuffers, out: torch.Tensor) -> None:
+    """Write one step's results into `out` [rows, packed_width] int32 (all device-side copies)."""
+    k = logprobs.k_max
+    out[:, 0].copy_(tokens)
+    out[:, 1].copy_(status)
+    out[:, 2].copy_(logprobs.logprob.view(torch.int32))
+    out[:, 3].copy_(logprobs.rank)
+    out[:, 4].copy_(logprobs.logsumexp.view(torch.int32))
+    out[:, HEADER:HEADER + k].copy_(logprobs.top_ids)
+    out[:, HEADER + k:].copy_(logprobs.top_logprobs.view(torch.int32))
+
+
+def unpack_row(row: np.ndarray, num_top: int) -> TokenLogprob:
+    """The TokenLogprob of one packed host row, keeping its first `num_top` top entries."""
+    k_max = (row.shape[0] - HEADER) // 2
+    floats = row.view(np.float32)
+    return TokenLogprob(
+        token_id=int(row[0]),
+        logprob=float(floats[2]),
+        rank=int(row[3]),
+        logsumexp=float(floats[4]),
+        top_ids=row[HEADER:HEADER + num_top].tolist(),
+        top_logprobs=floats[HEADER + k_max:HEADER + k_max + num_top].astype(np.float64).tolist(),
+    )

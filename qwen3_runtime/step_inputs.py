@@ -1,0 +1,57 @@
+"""Static per-row inputs of a decode step: a pinned host staging copy, filled row by row, and the
+device copy that the captured graphs read. Three host-to-device copies per step."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from qwen3_runtime.sampler import SamplingTensors
+
+# Rows of the int64 table, one entry per batch row each.
+INT_FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens", "top_k", "seed", "num_top",
+              "wants_logprobs", "processed")
+FLOAT_FIELDS = ("temperature", "top_p")
+# A padded row: token 0 at position 0, no cache slot (-1: the KV store skips it), no context,
+# greedy, no logprobs.
+PADDING = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "seq_lens": 0, "top_k": -1, "seed": 0,
+           "num_top": 0, "wants_logprobs": 0, "processed": 0, "temperature": 0.0, "top_p": 1.0}
+
+
+@dataclass
+class StepInputs:
+    ints: torch.Tensor  # int64 [len(INT_FIELDS), max_rows]
+    floats: torch.Tensor  # f32 [len(FLOAT_FIELDS), max_rows]
+    block_tables: torch.Tensor  # int32 [max_rows, max_blocks]
+
+    @classmethod
+    def allocate(cls, max_rows: int, max_blocks: int, device: torch.device, pin: bool = False) -> StepInputs:
+        return cls(torch.zeros(len(INT_FIELDS), max_rows, dtype=torch.int64, device=device, pin_memory=pin),
+                   torch.zeros(len(FLOAT_FIELDS), max_rows, dtype=torch.float32, device=device, pin_memory=pin),
+                   torch.zeros(max_rows, max_blocks, dtype=torch.int32, device=device, pin_memory=pin))
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        if name in INT_FIELDS:
+            return self.ints[INT_FIELDS.index(name)]
+        if name in FLOAT_FIELDS:
+            return self.floats[FLOAT_FIELDS.index(name)]
+        raise AttributeError(name)
+
+    def set_row(self, row: int, **values: float) -> None:
+        for name, value in values.items():
+            getattr(self, name)[row] = value
+
+    def pad(self, start: int, end: int) -> None:
+        """Rows [start, end) become padding, so stale rows of an earlier batch never write the cache."""
+        for name, value in PADDING.items():
+            getattr(self, name)[start:end] = value
+
+    def copy_from(self, host: StepInputs, rows: int) -> None:
+        self.ints.copy_(host.ints, non_blocking=True)
+        self.floats.copy_(host.floats, non_blocking=True)
+        self.block_tables[:rows].copy_(host.block_tables[:rows], non_blocking=True)
+
+    def sampling(self, rows: int) -> SamplingTensors:
+        # The sampled token sits one position past the input token.
+        return SamplingTensors(self.temperature[:rows], self.top_k[:rows], self.top_p[:rows],
+                               self.seed[:rows], self.positions[:rows] + 1)

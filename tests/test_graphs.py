@@ -1,0 +1,41 @@
+import pytest
+import torch
+
+from graphs import StepGraphs, default_buckets
+
+
+def test_default_buckets():
+    assert default_buckets(1) == [1]
+    assert default_buckets(6) == [1, 2, 4, 6]
+    assert default_buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
+    assert default_buckets(20) == [1, 2, 4, 8, 16, 20]
+
+
+def test_padding_and_eager_fallback():
+    calls = []
+    graphs = StepGraphs(lambda batch, variant: calls.append((batch, variant)) or batch, [1, 2, 4, 8], ["a", "b"])
+    assert [graphs.padded_size(n) for n in (1, 2, 3, 5, 8, 9)] == [1, 2, 4, 8, 8, 9]
+    assert graphs.run(3, "b") == (4, 4)
+    assert graphs.run(11, "a") == (11, 11)  # over the largest bucket: eager, unpadded
+    assert calls == [(4, "b"), (11, "a")]
+    with pytest.raises(ValueError, match="buckets"):
+        StepGraphs(lambda b, v: None, [])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_replay_reads_the_current_inputs():
+    x = torch.zeros(8, 16, device="cuda")
+    y = torch.zeros(8, 16, device="cuda")
+
+    def step(batch, variant):
+        y[:batch].copy_(x[:batch] * 2 + (1 if variant == "plus" else 0))
+        return y[:batch].sum(dim=1)
+
+    graphs = StepGraphs(step, [2, 8], ["plain", "plus"])
+    graphs.capture()
+    for rows, variant in ((1, "plain"), (5, "plus"), (2, "plus")):
+        x.copy_(torch.randn_like(x))
+        batch, out = graphs.run(rows, variant)
+        expected = (x[:batch] * 2 + (variant == "plus")).sum(dim=1)
+        torch.testing.assert_close(out, expected)

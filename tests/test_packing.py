@@ -1,0 +1,24 @@
+import numpy as np
+import torch
+
+from qwen3_runtime.logprobs import LogprobBuffers
+from qwen3_runtime.packing import pack, packed_width, unpack_row
+
+
+def test_pack_round_trip():
+    k = 3
+    buffers = LogprobBuffers.allocate(2, k, 100, "cpu")
+    buffers.logprob.copy_(torch.tensor([-0.5, -1.25]))
+    buffers.rank.copy_(torch.tensor([1, 7], dtype=torch.int32))
+    buffers.logsumexp.copy_(torch.tensor([3.0, 4.5]))
+    buffers.top_ids.copy_(torch.tensor([[4, 2, 9], [1, 0, -1]], dtype=torch.int32))
+    buffers.top_logprobs.copy_(torch.tensor([[-0.5, -1.0, -2.0], [-0.25, -3.0, float("-inf")]]))
+    out = torch.full((2, packed_width(k)), -7, dtype=torch.int32)
+    pack(torch.tensor([4, 11]), torch.tensor([False, True]), buffers, out)
+    host = out.numpy()
+    assert packed_width(k) == 11 and host[:, :2].tolist() == [[4, 0], [11, 1]]
+    first = unpack_row(host[0], 2)
+    assert (first.token_id, first.logprob, first.rank, first.logsumexp) == (4, -0.5, 1, 3.0)
+    assert first.top_ids == [4, 2] and first.top_logprobs == [-0.5, -1.0]
+    second = unpack_row(host[1], 3)
+    assert second.top_ids == [1, 0, -1] and np.isneginf(second.top_logprobs[2])

@@ -1,0 +1,263 @@
+"""The runner through the public API: logprobs on both paths, prompt logprobs, padding, counters."""
+import math
+
+import pytest
+import torch
+
+from qwen3_runtime import SamplingParams
+from qwen3_runtime.logprobs import token_logprob_from_row
+
+MIXED = [
+    ([5, 17, 300, 2], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=5)),
+    (list(range(40, 71)), SamplingParams(max_tokens=9, temperature=0, ignore_eos=True)),
+    ([7] * 13, SamplingParams(max_tokens=10, temperature=0.8, top_k=40, seed=3, ignore_eos=True, logprobs=0,
+                              prompt_logprobs=3)),
+    ([9, 9, 1], SamplingParams(max_tokens=7, temperature=1.0, top_p=0.9, seed=4, ignore_eos=True, logprobs=20,
+                               logprobs_mode="processed")),
+    ([100, 200], SamplingParams(max_tokens=11, temperature=0, ignore_eos=True, logprobs=1, prompt_logprobs=0)),
+]
+
+
+def _tol(lp):
+    return 2e-6 * (1 + abs(lp.logsumexp)) + 1e-6
+
+
+def _assert_close(a, b):
+    """Same token, rank and top ids; logprobs within the reduction's tolerance."""
+    assert (a.token_id, a.rank, a.top_ids) == (b.token_id, b.rank, b.top_ids)
+    assert math.isclose(a.logprob, b.logprob, rel_tol=0, abs_tol=_tol(b)) or a.logprob == b.logprob
+    for x, y in zip(a.top_logprobs, b.top_logprobs):
+        assert math.isclose(x, y, rel_tol=0, abs_tol=_tol(b)) or x == y
+
+
+def _run_joining(rt, requests):
+    """Requests join one by one between steps, so the batch changes size (and padding) mid-run."""
+    ids, outputs = [], {}
+    for prompt, params in requests:
+        ids.append(rt.add_request(prompt, params))
+        for out in rt.step():
+            outputs[out.request_id] = out
+    while rt.has_unfinished():
+        for out in rt.step():
+            outputs[out.request_id] = out
+    return [outputs[i] for i in ids]
+
+
+@pytest.mark.parametrize("triton_kernels", [False, True], ids=["reference", "triton"])
+def test_device_and_host_paths_agree_on_a_mixed_batch(make_runtime, tiny_checkpoint, triton_kernels):
+    overrides = dict(engine__cuda_graph_buckets=[1, 2, 4, 8], logprobs__prompt_chunk_size=8)
+    device = _run_joining(make_runtime(tiny_checkpoint, triton_kernels=triton_kernels, **overrides), MIXED)
+    host = _run_joining(make_runtime(tiny_checkpoint, triton_kernels=triton_kernels, logprobs__path="host",
+                                     **overrides), MIXED)
+    for (prompt, params), d, h in zip(MIXED, device, host):
+        assert d.token_ids == h.token_ids and len(d.token_ids) == params.max_tokens
+        if params.logprobs is None:
+            assert d.logprobs is None
+        else:
+            assert len(d.logprobs) == len(d.token_ids)
+            for tok, a, b in zip(d.token_ids, d.logprobs, h.logprobs):
+                assert a.token_id == tok and len(a.top_ids) == params.logprobs
+                _assert_close(a, b)
+        if params.prompt_logprobs is None:
+            assert d.prompt_logprobs is None
+        else:
+            assert len(d.prompt_logprobs) == len(prompt) and d.prompt_logprobs[0] is None
+            for tok, a, b in zip(prompt[1:], d.prompt_logprobs[1:], h.prompt_logprobs[1:]):
+                assert a.token_id == tok
+                _assert_close(a, b)
+
+
+def test_prompt_logprobs_match_transformers(make_runtime, tiny_checkpoint):
+    import transformers
+
+    prompt = [int(t) for t in torch.randint(0, 512, (40,))]
+    rt = make_runtime(tiny_checkpoint, logprobs__prompt_chunk_size=7)
+    out = rt.generate([prompt], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=5))[0]
+    model = transformers.Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt])).logits[0].double()
+    for p in range(1, len(prompt)):
+        ref = token_logprob_from_row(logits[p - 1], prompt[p], 5)
+        got = out.prompt_logprobs[p]
+        assert got.rank == ref.rank and got.top_ids[:1] == ref.top_ids[:1]
+        assert abs(got.logprob - ref.logprob) < 1e-4
+
+
+def test_raw_and_processed_modes(make_runtime, tiny_checkpoint):
+    rt = make_runtime(tiny_checkpoint)
+    base = dict(max_tokens=6, temperature=0.5, seed=11, ignore_eos=True, logprobs=3)
+    raw = rt.generate([[1, 2, 3]], SamplingParams(**base))[0]
+    processed = rt.generate([[1, 2, 3]], SamplingParams(**base, logprobs_mode="processed"))[0]
+    assert raw.token_ids == processed.token_ids
+    # Temperature 0.5 sharpens the distribution: the sampled tokens gain log-probability.
+    for a, b in zip(raw.logprobs, processed.logprobs):
+        assert b.logsumexp != a.logsumexp and b.top_ids == a.top_ids
+        assert math.isclose(b.top_logprobs[0] - b.top_logprobs[1], 2 * (a.top_logprobs[0] - a.top_logprobs[1]),
+                            rel_tol=1e-4)
+    default_processed = make_runtime(tiny_checkpoint, logprobs__mode="processed")
+    again = default_processed.generate([[1, 2, 3]], SamplingParams(**base))[0]
+    assert [lp.logprob for lp in again.logprobs] == [lp.logprob for lp in processed.logprobs]
+
+
+def test_full_vocabulary_needs_max_logprobs_minus_one(make_runtime, tiny_checkpoint):
+    with pytest.raises(ValueError, match=r"logprobs=-1 is out of range"):
+        make_runtime(tiny_checkpoint).add_request([1, 2], SamplingParams(logprobs=-1))
+    rt = make_runtime(tiny_checkpoint, logprobs__max_logprobs=-1)
+    out = rt.generate([[1, 2]], SamplingParams(max_tokens=3, temperature=0, logprobs=-1, ignore_eos=True))[0]
+    lp = out.logprobs[0]
+    assert len(lp.top_ids) == rt.vocab_size and sorted(lp.top_ids) == list(range(rt.vocab_size))
+    assert lp.top_ids[lp.rank - 1] == out.token_ids[0] == lp.token_id
+    total = sum(math.exp(v) for v in lp.top_logprobs)
+    assert abs(total - 1) < 1e-9
+
+
+def test_one_device_to_host_copy_per_step(make_runtime, tiny_checkpoint):
+    rt = make_runtime(tiny_checkpoint)
+    params = [SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=k) for k in (None, 0, 5, 20)]
+    rt.generate([[1, 2, 3]] * 4, params)
+    s = rt.stats
+    assert (s.prefill_steps, s.decode_steps) == (1, 7)
+    assert s.d2h_copies == s.host_syncs == 8
+    assert s.d2h_bytes == 8 * 4 * (5 + 2 * 20) * 4  # 4 rows of 45 int32 per step
+
+    host = make_runtime(tiny_checkpoint, logprobs__path="host")
+    host.generate([[1, 2, 3]] * 4, params)
+    # Plus one full-vocabulary row per step for each of the three rows that asked.
+    assert host.stats.d2h_copies == 8 + 3 * 8
+    assert host.stats.d2h_bytes == 8 * 4 * 45 * 4 + 3 * 8 * 512 * 4
+
+
+def test_padded_rows_never_write_the_cache(make_runtime, tiny_checkpoint):
+    rt = make_runtime(tiny_checkpoint, engine__cuda_graph_buckets=[4])
+    reserved = rt.scheduler.blocks.free.popleft()  # block 0: where a padded row's slot 0 would land
+    assert reserved == 0
+    rt.kv_cache.fill_(float("nan"))
+    outs = rt.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    assert all(len(o.token_ids) == 20 for o in outs)
+    assert torch.isnan(rt.kv_cache[:, :, reserved]).all()
+
+
+def test_nan_logits_fail_only_that_request(make_runtime, make_checkpoint):
+    rt = make_runtime(make_checkpoint(tie_word_embeddings=False))
+    rt.model.model.embed_tokens.weight.data[13] = float("nan")  # any prompt holding token 13 turns NaN
+    params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True, logprobs=2)
+    outs = rt.generate([[1, 2, 3], [1, 13, 3], [4, 5]], params)
+    assert outs[1].finish_reason == "error" and "not finite" in outs[1].error
+    assert [len(outs[i].token_ids) for i in (0, 2)] == [5, 5]
+    assert outs[0].error is None and outs[2].error is None
+
+
+# ---- on the GPU ---------------------------------------------------------------------------------
+gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+GPU_OVERRIDES = {"engine.max_model_len": 1024, "engine.max_num_seqs": 16, "engine.max_num_batched_tokens": 4096}
+
+
+def _gpu_runtime(config, **overrides):
+    from qwen3_runtime import Runtime
+
+    return Runtime.from_yaml(config, overrides={**GPU_OVERRIDES, **overrides})
+
+
+def _gpu_requests(vocab):
+    g = torch.Generator().manual_seed(0)
+    prompt = lambda n: torch.randint(0, vocab, (n,), generator=g).tolist()
+    base = dict(ignore_eos=True)
+    return [
+        (prompt(100), SamplingParams(max_tokens=24, temperature=0, logprobs=5, **base)),
+        (prompt(37), SamplingParams(max_tokens=30, temperature=0, **base)),
+        (prompt(64), SamplingParams(max_tokens=12, temperature=0.7, top_p=0.9, seed=5, logprobs=20,
+                                    prompt_logprobs=5, **base)),
+        (prompt(5), SamplingParams(max_tokens=20, temperature=1.0, top_k=50, seed=6, logprobs=0,
+                                   logprobs_mode="processed", **base)),
+        (prompt(200), SamplingParams(max_tokens=16, temperature=0, logprobs=1, **base)),
+        (prompt(9), SamplingParams(max_tokens=26, temperature=0, prompt_logprobs=0, **base)),
+    ]
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("config", ["qwen3-0.6b", "qwen3-4b"])
+def test_graph_eager_and_host_paths_agree(config):
+    runs = {}
+    for name, overrides in (("graph", {}), ("eager", {"engine.cuda_graphs": False}),
+                            ("host", {"logprobs.path": "host"})):
+        rt = _gpu_runtime(config, **overrides)
+        runs[name] = _run_joining(rt, _gpu_requests(rt.vocab_size))
+        del rt
+        torch.cuda.empty_cache()
+    for g, e, h in zip(runs["graph"], runs["eager"], runs["host"]):
+        assert g.token_ids == e.token_ids == h.token_ids
+        for lps in ((g.logprobs, e.logprobs, h.logprobs), (g.prompt_logprobs, e.prompt_logprobs, h.prompt_logprobs)):
+            if lps[0] is None:
+                assert lps[1] is None and lps[2] is None
+                continue
+            for a, b, c in zip(*lps):
+                if a is None:
+                    continue
+                assert (a.token_id, a.rank, a.top_ids, a.logprob) == (b.token_id, b.rank, b.top_ids, b.logprob)
+                _assert_close(a, c)
+
+
+def profile_decode_steps(rt, steps: int) -> tuple[list[int], int]:
+    """Bytes of every device-to-host copy and the number of host synchronisations that torch.profiler
+    records over `steps` engine steps."""
+    import json
+    import tempfile
+
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            rt.step()
+        torch.cuda.synchronize()
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        trace = json.load(open(f.name))["traceEvents"]
+    copies = [e["args"].get("bytes", -1) for e in trace if e.get("cat") == "gpu_memcpy" and "DtoH" in e["name"]]
+    syncs = sum(e.get("name") in ("cudaStreamSynchronize", "cudaEventSynchronize") for e in trace)
+    return copies, syncs - 1  # the profile's own closing cudaDeviceSynchronize is not counted
+
+
+@pytest.mark.gpu
+@gpu
+@pytest.mark.parametrize("path, graphs", [("device", True), ("device", False), ("host", True)])
+def test_profiler_sees_one_copy_and_one_sync_per_decode_step(path, graphs):
+    rt = _gpu_runtime("qwen3-0.6b", **{"logprobs.path": path, "engine.cuda_graphs": graphs})
+    ks = (None, 0, 5, 20, None, 1)
+    for k in ks:
+        rt.add_request([1, 2, 3, 4] * 8, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=k))
+    rt.step()  # the prefill
+    copies, syncs = profile_decode_steps(rt, 16)
+    asking = sum(k is not None for k in ks)
+    per_step = 1 if path == "device" else 1 + asking
+    print(f"{path} graphs={graphs}: {len(copies) / 16} copies of {sorted(set(copies))} bytes and "
+          f"{syncs / 16} syncs per step")
+    assert len(copies) == 16 * per_step and syncs == 16 * per_step
+    packed_bytes = 8 * (5 + 2 * 20) * 4  # 6 rows padded to the bucket of 8
+    assert copies.count(packed_bytes) == 16
+    assert all(b == rt.vocab_size * 4 for b in copies if b != packed_bytes)
+
+
+@pytest.mark.gpu
+@gpu
+def test_long_prompt_logprobs_equal_the_host_reference_in_bounded_memory():
+    rt = _gpu_runtime("qwen3-0.6b", **{"engine.max_model_len": 2048, "logprobs.prompt_chunk_size": 256})
+    prompt = torch.randint(0, rt.vocab_size, (1024,), generator=torch.Generator().manual_seed(1)).tolist()
+    params = SamplingParams(max_tokens=1, temperature=0)
+    rt.generate([prompt], params)  # warm-up
+    peaks = {}
+    for k in (None, 5):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        outs = rt.generate([prompt], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=k))
+        peaks[k] = torch.cuda.max_memory_allocated() - base
+    extra = peaks[5] - peaks[None]
+    bound = 256 * rt.vocab_size * 4
+    print(f"prompt logprobs extra peak memory: {extra / 2**20:.1f} MiB (bound {bound / 2**20:.1f} MiB)")
+    assert extra <= bound + 2**22  # the chunk's logits, plus index and packed tensors of a few KiB
+    host = _gpu_runtime("qwen3-0.6b", **{"engine.max_model_len": 2048, "logprobs.path": "host"})
+    ref = host.generate([prompt], SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=5))[0]
+    assert len(outs[0].prompt_logprobs) == 1024
+    for a, b in zip(outs[0].prompt_logprobs[1:], ref.prompt_logprobs[1:]):
+        _assert_close(a, b)

@@ -1,0 +1,20 @@
+import torch
+
+from qwen3_runtime.step_inputs import StepInputs
+
+
+def test_rows_padding_and_copy():
+    host = StepInputs.allocate(4, 3, torch.device("cpu"))
+    device = StepInputs.allocate(4, 3, torch.device("cpu"))
+    host.set_row(0, input_ids=7, positions=5, slot_mapping=21, seq_lens=6, temperature=0.5, seed=9)
+    host.set_row(1, input_ids=8, slot_mapping=33, wants_logprobs=1, num_top=5)
+    host.block_tables[0] = torch.tensor([2, 1, 0])
+    host.pad(1, 4)  # row 1 was stale: it must become padding
+    device.copy_from(host, 4)
+    assert device.input_ids.tolist() == [7, 0, 0, 0]
+    assert device.slot_mapping.tolist() == [21, -1, -1, -1]
+    assert device.seq_lens.tolist() == [6, 0, 0, 0] and device.wants_logprobs.tolist() == [0, 0, 0, 0]
+    assert device.temperature.tolist() == [0.5, 0.0, 0.0, 0.0] and device.top_p.tolist()[1:] == [1.0] * 3
+    sampling = device.sampling(2)
+    assert sampling.position.tolist() == [6, 1] and sampling.seed.tolist() == [9, 0]
+    assert device.block_tables[0].tolist() == [2, 1, 0]
