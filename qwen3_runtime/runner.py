@@ -68,7 +68,8 @@ class ModelRunner:
         self.graphs = StepGraphs(self._decode_step, engine.cuda_graph_buckets or default_buckets(max_rows),
                                  variants=(GREEDY, RANDOM))
         if pin and engine.cuda_graphs:
-            self.graphs.capture()
+            with torch.inference_mode():
+                self.graphs.capture()
 
     @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> list[RowResult]:
