@@ -75,7 +75,7 @@ class ModelRunner:
     def decode(self, seqs: list[Sequence]) -> list[RowResult]:
         """One token (and its logprobs) for each running sequence."""
         batch = self.graphs.padded_size(len(seqs))
-        self._stage(seqs, batch, [seq.num_tokens - 1 for seq in seqs])
+        self._stage(seqs, batch)
         _, lp_logits = self.graphs.run(len(seqs), _variant(seqs))
         self.stats.decode_steps += 1
         return self._results(seqs, batch, lp_logits)
@@ -104,7 +104,7 @@ class ModelRunner:
                             self.kv_cache, meta)
         self._prompt_logprobs(seqs, hidden, cu_seqlens)
         rows = len(seqs)
-        self._stage(seqs, rows, [n - 1 for n in lengths])
+        self._stage(seqs, rows)
         last = self.model.compute_logits(hidden[self._tensor(cu_seqlens[1:]) - 1])
         lp_logits = self._sample_and_reduce(last, rows, _variant(seqs))
         self.packed_host[:rows].copy_(self.packed[:rows], non_blocking=True)
@@ -199,20 +199,25 @@ class ModelRunner:
         except ValueError:  # a row that is not finite: the request is failed by its caller
             return None
 
-    def _stage(self, seqs: list[Sequence], batch: int, positions: list[int]) -> None:
-        """Fill rows (and padding up to `batch`) in the pinned staging copy, then copy it over."""
-        host = self.staging
-        for i, (seq, position) in enumerate(zip(seqs, positions)):
-            p, k = seq.params, seq.params.logprobs
-            on_device = k is not None and not self._host_path(k)
-            host.set_row(i, input_ids=seq.tokens[position], positions=position, seq_lens=position + 1,
-                         slot_mapping=int(self._slots(seq, np.array([position]))[0]),
-                         top_k=p.top_k, seed=seq.seed, temperature=p.temperature, top_p=p.top_p,
-                         num_top=k if on_device else 0, wants_logprobs=int(on_device),
-                         processed=int((p.logprobs_mode or self.lp_config.mode) == "processed"))
-            host.block_tables[i, :len(seq.block_table)] = torch.tensor(seq.block_table, dtype=torch.int32)
-        host.pad(len(seqs), batch)
-        self.inputs.copy_from(host, batch)
+    def _stage(self, seqs: list[Sequence], batch: int) -> None:
+        """Fill the rows (each feeding its last token) and padding up to `batch`, then copy them over."""
+        bs = self.block_size
+        positions = [seq.num_tokens - 1 for seq in seqs]
+        device_k = [k if k is not None and not self._host_path(k) else None
+                    for k in (seq.params.logprobs for seq in seqs)]
+        params = [seq.params for seq in seqs]
+        self.staging.fill(
+            len(seqs), batch, input_ids=[seq.last_token for seq in seqs], positions=positions,
+            seq_lens=[p + 1 for p in positions],
+            slot_mapping=[seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)],
+            top_k=[p.top_k for p in params], seed=[seq.seed for seq in seqs],
+            temperature=[p.temperature for p in params], top_p=[p.top_p for p in params],
+            num_top=[k or 0 for k in device_k], wants_logprobs=[k is not None for k in device_k],
+            processed=[(p.logprobs_mode or self.lp_config.mode) == "processed" for p in params])
+        tables = self.staging.block_tables.numpy()
+        for i, seq in enumerate(seqs):
+            tables[i, :len(seq.block_table)] = seq.block_table
+        self.inputs.copy_from(self.staging, batch)
 
     def _slots(self, seq: Sequence, positions: np.ndarray) -> np.ndarray:
         table = np.asarray(seq.block_table, dtype=np.int64)

@@ -37,14 +37,17 @@ class StepInputs:
             return self.floats[FLOAT_FIELDS.index(name)]
         raise AttributeError(name)
 
-    def set_row(self, row: int, **values: float) -> None:
-        for name, value in values.items():
-            getattr(self, name)[row] = value
-
-    def pad(self, start: int, end: int) -> None:
-        """Rows [start, end) become padding, so stale rows of an earlier batch never write the cache."""
+    def fill(self, rows: int, batch: int, **columns: list) -> None:
+        """Set every field's first `rows` entries (host side, through NumPy: no per-element torch
+        indexing), and make rows [rows, batch) padding so stale rows of an earlier batch never
+        write the cache."""
+        ints, floats = self.ints.numpy(), self.floats.numpy()
+        for name, values in columns.items():
+            table, fields = (ints, INT_FIELDS) if name in INT_FIELDS else (floats, FLOAT_FIELDS)
+            table[fields.index(name), :rows] = values
         for name, value in PADDING.items():
-            getattr(self, name)[start:end] = value
+            table, fields = (ints, INT_FIELDS) if name in INT_FIELDS else (floats, FLOAT_FIELDS)
+            table[fields.index(name), rows:batch] = value
 
     def copy_from(self, host: StepInputs, rows: int) -> None:
         self.ints.copy_(host.ints, non_blocking=True)

@@ -6,10 +6,11 @@ from qwen3_runtime.step_inputs import StepInputs
 def test_rows_padding_and_copy():
     host = StepInputs.allocate(4, 3, torch.device("cpu"))
     device = StepInputs.allocate(4, 3, torch.device("cpu"))
-    host.set_row(0, input_ids=7, positions=5, slot_mapping=21, seq_lens=6, temperature=0.5, seed=9)
-    host.set_row(1, input_ids=8, slot_mapping=33, wants_logprobs=1, num_top=5)
+    host.fill(2, 2, input_ids=[7, 8], positions=[5, 0], slot_mapping=[21, 33], seq_lens=[6, 1],
+              temperature=[0.5, 1.0], seed=[9, 3], wants_logprobs=[0, 1], num_top=[0, 5])
     host.block_tables[0] = torch.tensor([2, 1, 0])
-    host.pad(1, 4)  # row 1 was stale: it must become padding
+    host.fill(1, 4, input_ids=[7], positions=[5], slot_mapping=[21], seq_lens=[6], temperature=[0.5], seed=[9])
+    # row 1 was stale: it must have become padding
     device.copy_from(host, 4)
     assert device.input_ids.tolist() == [7, 0, 0, 0]
     assert device.slot_mapping.tolist() == [21, -1, -1, -1]
