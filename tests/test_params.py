@@ -23,6 +23,7 @@ def test_defaults_follow_vllm():
     ({"prompt_logprobs": True}, ["prompt_logprobs=True", "integer"]),
     ({"stop_token_ids": [1, -5]}, ["stop_token_ids[1]=-5"]),
     ({"ignore_eos": 1}, ["ignore_eos=1"]),
+    ({"logprobs_mode": "softmax"}, ["logprobs_mode='softmax'", "raw, processed"]),
 ])
 def test_bad_values_name_the_field(kwargs, words):
     with pytest.raises(ValueError) as err:

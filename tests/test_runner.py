@@ -127,14 +127,17 @@ def test_one_device_to_host_copy_per_step(make_runtime, tiny_checkpoint):
     assert host.stats.d2h_bytes == 8 * 4 * 45 * 4 + 3 * 8 * 512 * 4
 
 
-def test_padded_rows_never_write_the_cache(make_runtime, tiny_checkpoint):
-    rt = make_runtime(tiny_checkpoint, engine__cuda_graph_buckets=[4])
+def _check_padded_rows_never_write_the_cache(rt):
     reserved = rt.scheduler.blocks.free.popleft()  # block 0: where a padded row's slot 0 would land
     assert reserved == 0
     rt.kv_cache.fill_(float("nan"))
-    outs = rt.generate([[1, 2, 3], [4, 5]], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
-    assert all(len(o.token_ids) == 20 for o in outs)
+    outs = rt.generate([[1, 2, 3], [4, 5], [6]], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
+    assert all(len(o.token_ids) == 20 and o.error is None for o in outs)
     assert torch.isnan(rt.kv_cache[:, :, reserved]).all()
+
+
+def test_padded_rows_never_write_the_cache(make_runtime, tiny_checkpoint):
+    _check_padded_rows_never_write_the_cache(make_runtime(tiny_checkpoint, engine__cuda_graph_buckets=[4]))
 
 
 def test_nan_logits_fail_only_that_request(make_runtime, make_checkpoint):
@@ -196,6 +199,12 @@ def test_graph_eager_and_host_paths_agree(config):
                     continue
                 assert (a.token_id, a.rank, a.top_ids, a.logprob) == (b.token_id, b.rank, b.top_ids, b.logprob)
                 _assert_close(a, c)
+
+
+@pytest.mark.gpu
+@gpu
+def test_padded_rows_never_write_the_cache_in_graphs():
+    _check_padded_rows_never_write_the_cache(_gpu_runtime("qwen3-0.6b", **{"engine.cuda_graph_buckets": [4, 16]}))
 
 
 def profile_decode_steps(rt, steps: int) -> tuple[list[int], int]:
