@@ -11,6 +11,7 @@ from torch import nn
 from qwen3_runtime.config import ArchitectureConfig
 from qwen3_runtime.ops.decode_attention import paged_decode_attention
 from qwen3_runtime.ops.kv_store import store_kv
+from qwen3_runtime.ops.norms import add_rms_norm, qk_norm_rope, silu_mul
 from qwen3_runtime.ops.prefill_attention import prefill_attention
 
 
@@ -39,14 +40,13 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * xf.to(x.dtype)
+    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """RMSNorm(x), or with `residual`: residual += x in place, then RMSNorm(residual)."""
+        return add_rms_norm(x, self.weight, self.eps, residual)
 
 
 class Rotary(nn.Module):
-    """Half-split (NeoX) rotary embedding with a cos/sin table over all positions."""
+    """The half-split (NeoX) rotary embedding's cos/sin table over all positions (applied by qk_norm_rope)."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
@@ -58,11 +58,6 @@ class Rotary(nn.Module):
                                                       device=device).float() / self.head_dim))
         freqs = torch.arange(max_len, device=device).float()[:, None] * inv_freq[None, :]
         self.cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
-
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        cos, sin = self.cos_sin[positions].to(x.dtype)[:, None, :].chunk(2, dim=-1)
-        x1, x2 = x.chunk(2, dim=-1)
-        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
 
 class Attention(nn.Module):
@@ -81,10 +76,10 @@ class Attention(nn.Module):
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         tokens = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
-        q = rotary(self.q_norm(q.view(tokens, self.num_heads, self.head_dim)), positions)
-        k = rotary(self.k_norm(k.view(tokens, self.num_kv_heads, self.head_dim)), positions)
-        v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        qkv = self.qkv_proj(x)
+        q, k = qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight, self.k_norm.weight,
+                            rotary.cos_sin, positions, self.q_norm.eps)
+        v = qkv[:, self.split_sizes[0] + self.split_sizes[1]:].view(tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
         store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
         if meta.is_prefill:
@@ -102,8 +97,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        return self.down_proj(silu_mul(self.gate_up_proj(x)))
 
 
 class DecoderLayer(nn.Module):
@@ -113,11 +107,6 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
-
-    def forward(self, h: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        h = h + self.self_attn(self.input_layernorm(h), positions, rotary, kv_cache, meta)
-        return h + self.mlp(self.post_attention_layernorm(h))
 
 
 class Qwen3Model(nn.Module):
@@ -147,11 +136,19 @@ class Qwen3ForCausalLM(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
                 meta: AttentionMetadata) -> torch.Tensor:
-        """Final-normed hidden states [T, hidden]; `kv_cache` is [layers, 2, blocks, block_size, kv_heads, head_dim]."""
-        h = self.model.embed_tokens(input_ids)
-        for layer, layer_cache in zip(self.model.layers, kv_cache):
-            h = layer(h, positions, self.model.rotary, layer_cache, meta)
-        return self.model.norm(h)
+        """Final-normed hidden states [T, hidden]; `kv_cache` is [layers, 2, blocks, block_size, kv_heads, head_dim].
+
+        Each residual add is fused with the norm that follows it (the next layer's input norm, or
+        the final norm): residual = h + attn(norm(h)); h' = residual + mlp(norm(residual))."""
+        layers = self.model.layers
+        residual = self.model.embed_tokens(input_ids)
+        x = layers[0].input_layernorm(residual)
+        next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
+        for layer, next_norm, layer_cache in zip(layers, next_norms, kv_cache):
+            attn = layer.self_attn(x, positions, self.model.rotary, layer_cache, meta)
+            x = layer.post_attention_layernorm(attn, residual)
+            x = next_norm(layer.mlp(x), residual)
+        return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits. On the GPU the bf16 operands accumulate in fp32 and the product is written in
