@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # GPU tests and benchmarks, run on the H200 through the device tool; results land under $OUT.
-#   bash scripts/gpu_check.sh [tests] [parity] [decode] [reduce] [lm_head]    (default: all of them)
+#   [QUICK=1] bash scripts/gpu_check.sh [tests] [parity] [decode] [reduce] [lm_head] [logprobs]   (default: all)
 # Pass GIT_COMMIT=<sha> (the device machine has no .git) so results name their commit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-steps=${*:-tests parity decode reduce lm_head}
+steps=${*:-tests parity decode reduce lm_head logprobs}
 status=0
 run() { echo "== $*"; "$@" || { status=1; echo "!! failed: $*"; }; }
 exec > >(tee "$OUT/gpu_check.log") 2>&1
@@ -19,6 +19,7 @@ for step in $steps; do
     decode) run python3 -m scripts.bench_decode --config qwen3-4b --batch 1 32 --out "$OUT" ;;
     reduce) run python3 -m scripts.bench_reduce --out "$OUT" ;;
     lm_head) run python3 -m scripts.bench_lm_head --out "$OUT" ;;
+    logprobs) run python3 -m scripts.bench_logprobs ${QUICK:+--quick} --out "$OUT" ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

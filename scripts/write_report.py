@@ -56,7 +56,26 @@ def _parity(r: dict) -> list[str]:
             f"{r['mean_abs_err']:.2e} | {100 * r['argmax_agreement']:.1f}% |"]
 
 
-SECTIONS = {"decode.json": _decode, "reduce.json": _reduce, "lm_head.json": _lm_head, "parity.json": _parity}
+def _logprobs(r: dict) -> list[str]:
+    lines = [f"## Logprobs end to end, {r['config']} (random bf16 weights), greedy, {r['prompt_len']}-token prompts, "
+             f"{r['max_tokens']} output tokens, median of {r['repeats']}", "", _provenance(r), "",
+             "| concurrency | logprobs | path | TPOT ms | TPOT / logprobs off | output tokens/s |", "|---|---|---|---|---|---|"]
+    lines += [f"| {x['concurrency']} | {x['logprobs'] if x['logprobs'] is not None else 'off'} | {x['path']} | "
+              f"{x['tpot_ms']:.2f} | {x['tpot_vs_off']:.3f} | {x['tokens_per_s']:.0f} |" for x in r["matrix"]]
+    lines += ["", "Concurrency 8 with one logprobs=5 request: what the seven other rows pay", "",
+              "| path | batch | other rows' TPOT ms | output tokens/s |", "|---|---|---|---|"]
+    lines += [f"| {x['path']} | {x['batch']} | {x['others_tpot_ms']:.2f} | {x['tokens_per_s']:.0f} |" for x in r["mixed"]]
+    lines += ["", "Prompt logprobs on a 1024-token prompt", "", "| path | prompt_logprobs | prefill ms |", "|---|---|---|"]
+    lines += [f"| {x['path']} | {x['prompt_logprobs']} | {x['prefill_ms']:.1f} |" for x in r["prompt_logprobs"]]
+    lines += ["", "Per decode step, counted by torch.profiler", "",
+              "| path | logprobs | concurrency | device-to-host copies | bytes | host syncs |", "|---|---|---|---|---|---|"]
+    lines += [f"| {x['path']} | {x['logprobs']} | {x['concurrency']} | {x['d2h_copies_per_step']:.1f} | "
+              f"{x['d2h_bytes_per_step']:.0f} | {x['host_syncs_per_step']:.1f} |" for x in r["copies"]]
+    return lines
+
+
+SECTIONS = {"decode.json": _decode, "reduce.json": _reduce, "lm_head.json": _lm_head, "parity.json": _parity,
+            "logprobs.json": _logprobs}
 
 
 def main() -> None:

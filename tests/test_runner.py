@@ -6,6 +6,7 @@ import torch
 
 from qwen3_runtime import SamplingParams
 from qwen3_runtime.logprobs import token_logprob_from_row
+from scripts.profiling import profile_steps
 
 MIXED = [
     ([5, 17, 300, 2], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=5)),
@@ -207,29 +208,6 @@ def test_padded_rows_never_write_the_cache_in_graphs():
     _check_padded_rows_never_write_the_cache(_gpu_runtime("qwen3-0.6b", **{"engine.cuda_graph_buckets": [4, 16]}))
 
 
-def profile_decode_steps(rt, steps: int) -> tuple[list[int], int]:
-    """Bytes of every device-to-host copy and the number of host synchronisations that torch.profiler
-    records over `steps` engine steps."""
-    import json
-    import tempfile
-
-    from torch.profiler import ProfilerActivity, profile, schedule
-
-    # One warm-up step first: the profiler's start-up must not swallow the first step's events.
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA],
-                 schedule=schedule(wait=0, warmup=1, active=steps), acc_events=True) as prof:
-        for _ in range(steps + 1):
-            rt.step()
-            torch.cuda.synchronize()
-            prof.step()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))["traceEvents"]
-    copies = [e["args"].get("bytes", -1) for e in trace if e.get("cat") == "gpu_memcpy" and "DtoH" in e["name"]]
-    syncs = sum(e.get("name") in ("cudaStreamSynchronize", "cudaEventSynchronize") for e in trace)
-    return copies, syncs  # the test's own torch.cuda.synchronize() is a cudaDeviceSynchronize: not counted
-
-
 @pytest.mark.gpu
 @gpu
 @pytest.mark.parametrize("path, graphs", [("device", True), ("device", False), ("host", True)])
@@ -239,7 +217,7 @@ def test_profiler_sees_one_copy_and_one_sync_per_decode_step(path, graphs):
     for k in ks:
         rt.add_request([1, 2, 3, 4] * 8, SamplingParams(max_tokens=40, temperature=0, ignore_eos=True, logprobs=k))
     rt.step()  # the prefill
-    copies, syncs = profile_decode_steps(rt, 16)
+    copies, syncs = profile_steps(rt, 16)
     asking = sum(k is not None for k in ks)
     per_step = 1 if path == "device" else 1 + asking
     print(f"{path} graphs={graphs}: {len(copies) / 16} copies of {sorted(set(copies))} bytes and "

@@ -1,0 +1,136 @@
+"""The before/after matrix: what logprobs cost on the host path (full rows, float64 scan) and on the
+device path (reduction inside the captured step), Qwen3-4B shape with random bf16 weights, greedy.
+
+Usage: python -m scripts.bench_logprobs [--quick] --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from qwen3_runtime import Runtime, SamplingParams
+from scripts.profiling import profile_steps
+from scripts.report import environment
+
+
+def _prompts(rt: Runtime, count: int, length: int, seed: int) -> list[list[int]]:
+    return np.random.default_rng(seed).integers(0, rt.vocab_size, (count, length)).tolist()
+
+
+def _run(rt: Runtime, prompts: list[list[int]], params: list[SamplingParams]) -> dict:
+    """Per-request TPOT (ms) and output tokens/s of one batch run to completion."""
+    start = time.perf_counter()
+    outs = rt.generate(prompts, params)
+    wall = time.perf_counter() - start
+    tpot = [1e3 * (o.metrics.finished_time - o.metrics.first_token_time) / (len(o.token_ids) - 1) for o in outs]
+    return {"tpot_ms": tpot, "tokens_per_s": sum(len(o.token_ids) for o in outs) / wall}
+
+
+def matrix(runtimes: dict[str, Runtime], concurrency: list[int], prompt_len: int, max_tokens: int,
+           repeats: int) -> list[dict]:
+    rows = []
+    for c in concurrency:
+        for k in (None, 1, 5):
+            for path, rt in runtimes.items():
+                if k is None and path == "host":  # logprobs off: the two paths run the same step
+                    continue
+                params = [SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=k)] * c
+                runs = [_run(rt, _prompts(rt, c, prompt_len, r), params) for r in range(repeats)]
+                row = {"concurrency": c, "logprobs": k, "path": path if k is not None else "-",
+                       "tpot_ms": statistics.median(statistics.median(r["tpot_ms"]) for r in runs),
+                       "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs)}
+                rows.append(row)
+                print(f"c={c:2d} logprobs={str(k):4s} {row['path']:6s}: TPOT {row['tpot_ms']:.2f} ms, "
+                      f"{row['tokens_per_s']:.0f} tok/s", flush=True)
+    for row in rows:  # ratios against logprobs off, inside this run
+        off = next(r for r in rows if r["concurrency"] == row["concurrency"] and r["logprobs"] is None)
+        row["tpot_vs_off"] = row["tpot_ms"] / off["tpot_ms"]
+    return rows
+
+
+def mixed(runtimes: dict[str, Runtime], prompt_len: int, max_tokens: int, repeats: int) -> list[dict]:
+    """Concurrency 8 with exactly one logprobs=5 request: what the other seven rows pay."""
+    rows = []
+    for path, rt in runtimes.items():
+        base = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+        one = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=5)
+        for label, params in (("all off", [base] * 8), ("one logprobs=5", [one] + [base] * 7)):
+            runs = [_run(rt, _prompts(rt, 8, prompt_len, r), params) for r in range(repeats)]
+            rows.append({"path": path, "batch": label,
+                         "others_tpot_ms": statistics.median(statistics.median(r["tpot_ms"][1:]) for r in runs),
+                         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs)})
+            print(f"mixed {path:6s} {label:15s}: other rows' TPOT {rows[-1]['others_tpot_ms']:.2f} ms, "
+                  f"{rows[-1]['tokens_per_s']:.0f} tok/s", flush=True)
+    return rows
+
+
+def prompt_logprobs(runtimes: dict[str, Runtime], length: int, repeats: int) -> list[dict]:
+    rows = []
+    for path, rt in runtimes.items():
+        prompt = _prompts(rt, 1, length, 7)
+        for k in (None, 5):
+            params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=k)
+            times = []
+            for _ in range(repeats + 1):
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                rt.generate(prompt, params)
+                times.append(1e3 * (time.perf_counter() - start))
+            rows.append({"path": path, "prompt_logprobs": k, "prompt_len": length,
+                         "prefill_ms": statistics.median(times[1:])})
+            print(f"prompt logprobs={k} {path}: prefill {rows[-1]['prefill_ms']:.1f} ms", flush=True)
+    return rows
+
+
+def copies_per_step(runtimes: dict[str, Runtime], concurrency: int, steps: int = 16) -> list[dict]:
+    rows = []
+    for path, rt in runtimes.items():
+        for k in (None, 5):
+            for prompt in _prompts(rt, concurrency, 128, 0):
+                rt.add_request(prompt, SamplingParams(max_tokens=steps + 4, temperature=0, ignore_eos=True,
+                                                      logprobs=k))
+            rt.step()  # the prefill
+            copies, syncs = profile_steps(rt, steps)
+            while rt.has_unfinished():
+                rt.step()
+            rows.append({"path": path, "logprobs": k, "concurrency": concurrency,
+                         "d2h_copies_per_step": len(copies) / steps, "d2h_bytes_per_step": sum(copies) / steps,
+                         "host_syncs_per_step": syncs / steps})
+            print(f"profiler {path} logprobs={k} c={concurrency}: {rows[-1]['d2h_copies_per_step']:.1f} copies, "
+                  f"{rows[-1]['d2h_bytes_per_step']:.0f} bytes, {rows[-1]['host_syncs_per_step']:.1f} syncs per step",
+                  flush=True)
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default="qwen3-4b")
+    parser.add_argument("--quick", action="store_true", help="fewer tokens and one repetition")
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args()
+    max_tokens, repeats = (64, 1) if args.quick else (256, 3)
+    overrides = {"engine.max_model_len": 2048, "engine.max_num_seqs": 32, "engine.gpu_memory_utilization": 0.4}
+    runtimes = {path: Runtime.from_yaml(args.config, overrides={**overrides, "logprobs.path": path})
+                for path in ("device", "host")}
+    for rt in runtimes.values():  # warm-up
+        rt.generate(_prompts(rt, 2, 16, 0), SamplingParams(max_tokens=4, temperature=0, logprobs=5))
+    result = {
+        "config": args.config, "prompt_len": 128, "max_tokens": max_tokens, "repeats": repeats,
+        "matrix": matrix(runtimes, [1, 8, 32], 128, max_tokens, repeats),
+        "mixed": mixed(runtimes, 128, max_tokens, repeats),
+        "prompt_logprobs": prompt_logprobs(runtimes, 1024, repeats),
+        "copies": copies_per_step(runtimes, 8),
+        **environment(),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "logprobs.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
