@@ -18,12 +18,10 @@ Writes DIR/reduce.json (every figure, GPU, versions, date, commit) and DIR/reduc
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import multiprocessing
 import os
 import statistics
-import subprocess
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, replace
@@ -34,6 +32,7 @@ import triton
 
 from qwen3_runtime.logprobs import LogprobBuffers, reduce_logprobs, token_logprob_from_row
 from qwen3_runtime.logprobs.reduce import ReduceConfig
+from scripts.report import environment
 
 VOCAB = 151936
 ROTATE_BYTES = 160 * 2**20  # > 3x the H200's 50 MB L2
@@ -41,12 +40,12 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 SWEEP = [  # tilings and launch variants compared by --sweep (candidates=1: always the slow exact fallback)
     ReduceConfig(),
     ReduceConfig(pdl=False),
-    ReduceConfig(finish_warps=8),
-    ReduceConfig(finish_warps=32),
+    ReduceConfig(pdl_first=False),
+    ReduceConfig(finish_warps=4),
+    ReduceConfig(finish_warps=16),
     ReduceConfig(candidates=1),
     ReduceConfig(chunk=2048),
     ReduceConfig(chunk=8192, num_warps=8),
-    ReduceConfig(chunk=4096, num_warps=8),
     ReduceConfig(block=64, group=64),
     ReduceConfig(group=16),
 ]
@@ -207,14 +206,6 @@ def kernel_breakdown(n_rows: int, k: int, config: ReduceConfig) -> dict[str, flo
     return {e.key: e.self_device_time_total / e.count for e in prof.key_averages() if e.self_device_time_total > 0}
 
 
-def git_commit() -> str | None:
-    try:
-        return subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                              check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="directory for reduce.json and reduce.md")
@@ -237,9 +228,7 @@ def main() -> None:
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s", flush=True)
     meta = {
-        "gpu": torch.cuda.get_device_name(), "torch": torch.__version__, "triton": triton.__version__,
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(), "git_commit": git_commit(),
-        "vocab": VOCAB, "config": asdict(config), "copy_bandwidth_bytes_s": copy_bw,
+        **environment(), "vocab": VOCAB, "config": asdict(config), "copy_bandwidth_bytes_s": copy_bw,
     }
     report = {"results": [], "sweep": [], "kernel_breakdown": []}
 

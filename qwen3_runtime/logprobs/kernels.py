@@ -5,24 +5,28 @@ the chunk holds a NaN or +inf), the count of elements ranked ahead of the
 selected token, and (when top-k is asked) the maximum of every BLOCK elements.
 
 Stage 2, one program per row: merges the chunks in a fixed order
-(lse = M + log sum s_i exp(m_i - M)) and selects the exact top-k:
+(lse = M + log sum s_i exp(m_i - M), the sum by pairs in a fixed tree) and
+selects the exact top-k ("ranked ahead" means larger value, then lower id;
+-0.0 ties +0.0):
 
-* Order keys: an int64 whose high word is an order-preserving integer of the
-  fp32 bits and whose low word is 0x7FFFFFFF - id, so "larger key" means
-  "larger value, then lower id". Keys are unique, so every selection is exact.
 * The top-k elements lie in the top-k blocks by (block max, block id): each
   of those k blocks holds an element ranked above anything in another block.
-* The top-k blocks: the k-th largest maximum of groups of GROUP blocks is a
-  key that at least k block maxima reach, so only blocks reaching it compete
-  (typically k to 1.5k of ~1200); they are compacted and ranked by counting.
-* The top-k elements: gather the k blocks, keep the elements reaching the
-  smallest of the k block maxima (typically k of them), rank by counting.
-* If more than CANDIDATES compete (heavy ties, clustered values), k rounds of
-  max over the same keys give the same answer, only slower.
+* k = 1: the first block of largest maximum, then its first largest element.
+* Phase 1, the top-k blocks: the k-th largest maximum of groups of GROUP
+  blocks is a value that at least k block maxima reach, so only blocks
+  reaching it compete (typically k to 1.5k of ~1200); they are compacted
+  (prefix sum, this row's scratch) and ranked by counting.
+* Phase 2, the top-k elements: gather the k blocks; only elements reaching
+  the smallest of their maxima compete (typically about k); they are
+  compacted the same way, ranked by counting and stored at their rank.
+* If more than CANDIDATES compete in a phase (heavy ties, clustered values),
+  k rounds of max over unique int64 order keys give the same answer, slower.
 
-No atomics, and each row's arithmetic depends only on that row: results are
-bitwise reproducible and independent of N. With PDL (programmatic dependent
-launch, Hopper) stage 2 is launched while stage 1 runs and waits for it.
+No atomics, and each row's arithmetic depends only on that row and the
+config: results are bitwise reproducible and independent of N (and of k_max).
+With PDL (programmatic dependent launch, Hopper) stage 2 is launched while
+stage 1 runs and waits for it, and (pdl_first) stage 1 is launched while the
+kernel before it finishes, waiting for it before reading anything.
 """
 import torch
 import triton
@@ -32,7 +36,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from qwen3_runtime.ops import TRITON_INTERPRET
 
 KEY_NONE = tl.constexpr(-0x7FFFFFFFFFFFFFFF)  # below every real key
-KEY_ALL = tl.constexpr(0x7FFFFFFFFFFFFFFF)  # above every real key
 LOG2E = tl.constexpr(1.4426950408889634)
 
 
@@ -58,23 +61,8 @@ def _key_id(key):
 
 
 @triton.jit
-def _kth_largest(keys, k):
-    """The k-th largest of a 1-D tile of keys (KEY_NONE if fewer than k are real)."""
-    ahead = tl.sum((keys[None, :] > keys[:, None]).to(tl.int32), axis=1)
-    return tl.max(tl.where(ahead >= k - 1, keys, KEY_NONE), axis=0)
-
-
-@triton.jit
-def _top_by_counting(cand, K_PAD: tl.constexpr):
-    """Keys of rank 0..K_PAD-1 of a small 1-D tile, by counting how many beat each."""
-    ahead = tl.sum((cand[None, :] > cand[:, None]).to(tl.int32), axis=1)
-    pos = tl.arange(0, K_PAD)
-    return tl.max(tl.where(ahead[None, :] == pos[:, None], cand[None, :], KEY_NONE), axis=1)
-
-
-@triton.jit
 def _top_by_rounds(keys, k, K_PAD: tl.constexpr):
-    """The k largest keys, one max per round: the exact fallback for many candidates."""
+    """The k largest keys of a 1-D tile, one max per round: the exact fallback for many candidates."""
     pos = tl.arange(0, K_PAD)
     top = tl.full([K_PAD], KEY_NONE, tl.int64)
     for i in range(k):
@@ -85,60 +73,146 @@ def _top_by_rounds(keys, k, K_PAD: tl.constexpr):
 
 
 @triton.jit
-def _top_keys_above(keys, threshold, k, scratch_ptr, K_PAD: tl.constexpr, CANDIDATES: tl.constexpr):
-    """The k largest keys of a 1-D tile, given a threshold that at least k keys reach.
-
-    The keys reaching it are compacted (prefix sum) into this row's scratch and
-    ranked by counting; too many of them fall back to rounds of max.
-    """
-    chosen = (keys >= threshold) & (keys != KEY_NONE)
-    n_chosen = tl.sum(chosen.to(tl.int32), axis=0)
-    top = tl.full([K_PAD], KEY_NONE, tl.int64)
-    if n_chosen <= CANDIDATES:
-        slot = tl.cumsum(chosen.to(tl.int32), axis=0) - 1
-        tl.store(scratch_ptr + slot, keys, mask=chosen)
-        tl.debug_barrier()
-        i = tl.arange(0, CANDIDATES)
-        cand = tl.load(scratch_ptr + i, mask=i < n_chosen, other=KEY_NONE)
-        top = _top_by_counting(cand, K_PAD)
-    else:
-        top = _top_by_rounds(keys, k, K_PAD)
-    return top
+def _kth_largest_value(v, k):
+    """The k-th largest of a 1-D tile of values, counted with multiplicity."""
+    ahead = tl.sum((v[None, :] > v[:, None]).to(tl.int32), axis=1)
+    return tl.min(tl.where(ahead < k, v, float("inf")), axis=0)
 
 
 @triton.jit
-def _top_k_keys(block_max, blk, row_ptr, scratch_ptr, k, vocab, n_blocks,
-                BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, GROUP: tl.constexpr,
-                K_PAD: tl.constexpr, CANDIDATES: tl.constexpr):
-    """Keys of the row's k largest elements (value descending, id ascending), KEY_NONE past k.
+def _ranks(v, ids, valid):
+    """For each valid (value, id) pair of 1-D tiles, how many valid pairs rank ahead of it (larger
+    value, then lower id); the tile size for the others. Floats compare -0.0 equal to +0.0."""
+    beats = (v[None, :] > v[:, None]) | ((v[None, :] == v[:, None]) & (ids[None, :] < ids[:, None]))
+    ahead = tl.sum((beats & valid[None, :]).to(tl.int32), axis=1)
+    return tl.where(valid, ahead, v.shape[0])
+
+
+@triton.jit
+def _compact(chosen, v, ids, n, scratch_ptr, C: tl.constexpr):
+    """The n (<= C) chosen (value, id) pairs of 2-D tiles as [C] tiles (with their validity), in
+    tile order, through this row's scratch (values at [0, C), ids at [C, 2C))."""
+    size: tl.constexpr = chosen.shape[0] * chosen.shape[1]
+    slot = tl.reshape(tl.cumsum(tl.reshape(chosen.to(tl.int32), [size]), axis=0), chosen.shape) - 1
+    tl.store(scratch_ptr + slot, v.to(tl.int32, bitcast=True), mask=chosen)
+    tl.store(scratch_ptr + C + slot, ids, mask=chosen)
+    tl.debug_barrier()
+    i = tl.arange(0, C)
+    cv = tl.load(scratch_ptr + i, mask=i < n, other=0).to(tl.float32, bitcast=True)
+    cid = tl.load(scratch_ptr + C + i, mask=i < n, other=0)
+    return cv, cid, i < n
+
+
+@triton.jit
+def _top_k_store(block_max, blk, row_ptr, scratch_ptr, k, vocab, n_blocks, lse, ids_out, lp_out,
+                 BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, GROUP: tl.constexpr,
+                 K_PAD: tl.constexpr, C: tl.constexpr):
+    """Store the row's k (>= 1) largest elements at ids_out / lp_out[0, k), value descending, id ascending.
 
     `block_max` is the [GROUPS_PAD, GROUP] tile of block maxima, `blk` their block ids.
     """
-    block_keys = tl.where(blk < n_blocks, _order_key(block_max, blk), KEY_NONE)
-    threshold = _kth_largest(tl.max(block_keys, axis=1), k)
-    block_keys = tl.reshape(block_keys, [GROUPS_PAD * GROUP])
-    top_blocks = _top_keys_above(block_keys, threshold, k, scratch_ptr, K_PAD, CANDIDATES)
+    real = blk < n_blocks
+    block_max = tl.where(real, block_max, float("-inf"))
+    if K_PAD == 1:  # k = 1: the first block of largest maximum, then its first largest element
+        best = tl.max(tl.max(block_max, axis=1), axis=0)
+        first = tl.min(tl.min(tl.where(real & (block_max == best), blk, n_blocks), axis=1), axis=0)
+        ids = first * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
+        best = tl.max(x, axis=0)
+        tl.store(ids_out, tl.min(tl.where((ids < vocab) & (x == best), ids, vocab), axis=0))
+        tl.store(lp_out, tl.where(best == 0.0, 0.0, best) - lse)
+    else:
+        _top_k_store_many(block_max, blk, real, row_ptr, scratch_ptr, k, vocab, lse, ids_out, lp_out,
+                          BLOCK, GROUPS_PAD, GROUP, K_PAD, C)
 
+
+@triton.jit
+def _top_k_store_many(block_max, blk, real, row_ptr, scratch_ptr, k, vocab, lse, ids_out, lp_out,
+                      BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, GROUP: tl.constexpr,
+                      K_PAD: tl.constexpr, C: tl.constexpr):
     pos = tl.arange(0, K_PAD)
-    use = (pos < k) & (top_blocks != KEY_NONE)
-    ids = tl.where(use, _key_id(top_blocks), 0)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
+    # Phase 1: the k blocks of largest (maximum, -block id), and t2, the smallest of their maxima.
+    t1 = _kth_largest_value(tl.max(block_max, axis=1), k)
+    t1 = tl.where(k > GROUPS_PAD, float("-inf"), t1)  # fewer groups than k: every block competes
+    chosen = real & (block_max >= t1)
+    n1 = tl.sum(tl.sum(chosen.to(tl.int32), axis=1), axis=0)
+    top_blk = tl.full([K_PAD], -1, tl.int32)
+    t2 = float("-inf")
+    if n1 <= C:
+        cv, cid, valid = _compact(chosen, block_max, blk, n1, scratch_ptr, C)
+        rank = _ranks(cv, cid, valid)
+        top_blk = tl.max(tl.where(rank[None, :] == pos[:, None], cid[None, :], -1), axis=1)
+        t2 = tl.min(tl.where(rank < k, cv, float("inf")), axis=0)
+    else:
+        keys = tl.where(real, _order_key(block_max, blk), KEY_NONE)
+        top_keys = _top_by_rounds(tl.reshape(keys, [GROUPS_PAD * GROUP]), k, K_PAD)
+        top_blk = tl.where(top_keys != KEY_NONE, _key_id(top_keys), -1)
+        t2 = tl.min(tl.where(top_keys != KEY_NONE, _key_value(top_keys), float("inf")), axis=0)
+    use = (pos < k) & (top_blk >= 0)
+    t2 = tl.where(tl.sum(use.to(tl.int32), axis=0) < k, float("-inf"), t2)  # fewer blocks than k: all compete
+
+    # Phase 2: the elements of those blocks reaching t2 (every top-k element does).
+    ids = tl.where(use, top_blk, 0)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     present = use[:, None] & (ids < vocab)
-    x = tl.load(row_ptr + ids, mask=present, other=0.0).to(tl.float32)
-    keys = tl.where(present, _order_key(x, ids), KEY_NONE)
-    threshold = tl.min(tl.where(pos < k, tl.max(keys, axis=1), KEY_ALL), axis=0)
-    keys = tl.reshape(keys, [K_PAD * BLOCK])
-    return _top_keys_above(keys, threshold, k, scratch_ptr + CANDIDATES, K_PAD, CANDIDATES)
+    x = tl.load(row_ptr + ids, mask=present, other=float("-inf")).to(tl.float32)
+    x = tl.where(x == 0.0, 0.0, x)  # -0.0 ties +0.0
+    chosen = present & (x >= t2)
+    n2 = tl.sum(tl.sum(chosen.to(tl.int32), axis=1), axis=0)
+    if n2 <= C:
+        cv, cid, valid = _compact(chosen, x, ids, n2, scratch_ptr + 2 * C, C)
+        rank = _ranks(cv, cid, valid)
+        top = valid & (rank < k)
+        tl.store(ids_out + rank, cid, mask=top)
+        tl.store(lp_out + rank, cv - lse, mask=top)
+    else:
+        keys = tl.where(present, _order_key(x, ids), KEY_NONE)
+        top_keys = _top_by_rounds(tl.reshape(keys, [K_PAD * BLOCK]), k, K_PAD)
+        tl.store(ids_out + pos, _key_id(top_keys), mask=pos < k)
+        tl.store(lp_out + pos, _key_value(top_keys) - lse, mask=pos < k)
+
+
+@triton.jit
+def _pairwise_sum(x, LOG_N: tl.constexpr):
+    """Sum of a 1-D tile of 2**LOG_N by pairs in a fixed tree: the same bits whatever the layout."""
+    for _ in tl.static_range(LOG_N):
+        x = tl.sum(tl.reshape(x, [x.shape[0] // 2, 2]), axis=1)
+    return tl.sum(x, axis=0)
+
+
+@triton.jit
+def _finish_row(row, row64, token_ok, target, chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr, n_chunks,
+                logprob_ptr, rank_ptr, lse_ptr, status_ptr, CHUNKS_PAD: tl.constexpr, LOG_CHUNKS: tl.constexpr):
+    """Merge the row's chunk statistics in a fixed order; store status, logsumexp, logprob and rank.
+    Returns (lse, invalid)."""
+    c = tl.arange(0, CHUNKS_PAD)
+    stat = row64 * n_chunks + c
+    m = tl.load(chunk_max_ptr + stat, mask=c < n_chunks, other=float("-inf"))
+    s = tl.load(chunk_sumexp_ptr + stat, mask=c < n_chunks, other=0.0)
+    ahead = tl.load(chunk_ahead_ptr + stat, mask=c < n_chunks, other=0)
+    peak = tl.max(m, axis=0)
+    safe_peak = tl.where((peak == float("inf")) | (peak == float("-inf")), 0.0, peak)
+    sumexp = _pairwise_sum(s * tl.exp(m - safe_peak), LOG_CHUNKS)
+    invalid = (peak == float("inf")) | (peak == float("-inf")) | (sumexp != sumexp)  # +inf, all -inf, NaN
+    lse = safe_peak + tl.log(sumexp)
+    status = tl.where(invalid, 1, tl.where(token_ok, 0, 2))
+    tl.store(status_ptr + row, status.to(tl.int8))
+    tl.store(lse_ptr + row, tl.where(invalid, float("nan"), lse))
+    tl.store(logprob_ptr + row, tl.where(status == 0, target - lse, float("nan")))
+    tl.store(rank_ptr + row, tl.where(status == 0, 1 + tl.sum(ahead, axis=0), -1))
+    return lse, invalid
 
 
 @triton.jit
 def chunk_stats_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_ptr,
                        chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr, block_max_ptr,
                        vocab, n_chunks, n_blocks,
-                       HAS_MASK: tl.constexpr, USE_PDL: tl.constexpr, K_MAX: tl.constexpr,
-                       BLOCK: tl.constexpr, BLOCKS_PER_CHUNK: tl.constexpr):
+                       HAS_MASK: tl.constexpr, USE_PDL: tl.constexpr, WAIT_PRIOR: tl.constexpr,
+                       K_MAX: tl.constexpr, BLOCK: tl.constexpr, BLOCKS_PER_CHUNK: tl.constexpr):
     """Stage 1, one program per (chunk, row)."""
     if USE_PDL:
         gdc_launch_dependents()  # stage 2 may start launching; it waits for this grid's results
+    if WAIT_PRIOR:
+        gdc_wait()  # launched early (PDL): the previous kernel's results are visible from here on
     chunk = tl.program_id(0)
     row = tl.program_id(1)
     if HAS_MASK:
@@ -147,7 +221,8 @@ def chunk_stats_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_
     row64 = row.to(tl.int64)
     row_ptr = logits_ptr + row64 * row_stride
     token = tl.load(token_ptr + row)
-    token = tl.where((token >= 0) & (token < vocab), token, 0).to(tl.int32)  # a bad token's rank is unused
+    token_ok = (token >= 0) & (token < vocab)
+    token = tl.where(token_ok, token, 0).to(tl.int32)  # a bad token's rank is unused
     target = tl.load(row_ptr + token).to(tl.float32)
 
     blk = chunk * BLOCKS_PER_CHUNK + tl.arange(0, BLOCKS_PER_CHUNK)
@@ -173,13 +248,16 @@ def chunk_stats_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_
 
 @triton.jit
 def finish_rows_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_ptr,
-                       chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr, block_max_ptr,
-                       candidates_ptr, logprob_ptr, rank_ptr, lse_ptr, top_ids_ptr, top_lp_ptr, status_ptr,
+                       chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr, block_max_ptr, scratch_ptr,
+                       logprob_ptr, rank_ptr, lse_ptr, top_ids_ptr, top_lp_ptr, status_ptr,
                        vocab, n_chunks, n_blocks,
                        HAS_MASK: tl.constexpr, USE_PDL: tl.constexpr, K_MAX: tl.constexpr,
-                       BLOCK: tl.constexpr, CHUNKS_PAD: tl.constexpr, K_PAD: tl.constexpr,
-                       GROUP: tl.constexpr, GROUPS_PAD: tl.constexpr, CANDIDATES: tl.constexpr):
+                       BLOCK: tl.constexpr, CHUNKS_PAD: tl.constexpr, LOG_CHUNKS: tl.constexpr, K_PAD: tl.constexpr,
+                       GROUP: tl.constexpr, GROUPS_PAD: tl.constexpr, CANDIDATES: tl.constexpr,
+                       SCRATCH: tl.constexpr):
     """Stage 2, one program per row: merge the row's chunks in a fixed order, write every output."""
+    if USE_PDL:
+        gdc_launch_dependents()  # the next call's stage 1 (pdl_first) may start; it waits for this grid
     row = tl.program_id(0)
     if HAS_MASK:
         if tl.load(row_mask_ptr + row) == 0:
@@ -193,38 +271,23 @@ def finish_rows_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_
     if USE_PDL:
         gdc_wait()  # stage 1's writes are visible from here on
 
-    c = tl.arange(0, CHUNKS_PAD)
-    stat = row64 * n_chunks + c
-    m = tl.load(chunk_max_ptr + stat, mask=c < n_chunks, other=float("-inf"))
-    s = tl.load(chunk_sumexp_ptr + stat, mask=c < n_chunks, other=0.0)
-    ahead = tl.load(chunk_ahead_ptr + stat, mask=c < n_chunks, other=0)
-    if K_MAX > 0:  # loaded early, beside the statistics (unused, so harmless, when k = 0)
+    if K_MAX > 0:  # loaded first, beside the statistics (unused, so harmless, when k = 0)
         blk = tl.arange(0, GROUPS_PAD)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
         block_max = tl.load(block_max_ptr + row64 * n_blocks + blk, mask=blk < n_blocks, other=0.0)
-
-    peak = tl.max(m, axis=0)
-    safe_peak = tl.where((peak == float("inf")) | (peak == float("-inf")), 0.0, peak)
-    sumexp = tl.sum(s * tl.exp(m - safe_peak), axis=0)
-    invalid = (peak == float("inf")) | (peak == float("-inf")) | (sumexp != sumexp)  # +inf, all -inf, NaN
-    lse = safe_peak + tl.log(sumexp)
-    status = tl.where(invalid, 1, tl.where(token_ok, 0, 2))
-    tl.store(status_ptr + row, status.to(tl.int8))
-    tl.store(lse_ptr + row, tl.where(invalid, float("nan"), lse))
-    tl.store(logprob_ptr + row, tl.where(status == 0, target - lse, float("nan")))
-    tl.store(rank_ptr + row, tl.where(status == 0, 1 + tl.sum(ahead, axis=0), -1))
+    lse, invalid = _finish_row(row, row64, token_ok, target, chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr,
+                               n_chunks, logprob_ptr, rank_ptr, lse_ptr, status_ptr, CHUNKS_PAD, LOG_CHUNKS)
 
     if K_MAX > 0:
-        top = tl.full([K_PAD], KEY_NONE, tl.int64)
-        if (k > 0) & (invalid == 0):
-            top = _top_k_keys(block_max, blk, row_ptr, candidates_ptr + row64 * (2 * CANDIDATES), k, vocab,
-                              n_blocks, BLOCK, GROUPS_PAD, GROUP, K_PAD, CANDIDATES)
         col = tl.arange(0, K_PAD)
-        wanted = col < k
-        top_ids = tl.where(wanted & (invalid == 0), _key_id(top), -1)
-        top_lp = tl.where(wanted, tl.where(invalid, float("nan"), _key_value(top) - lse), float("-inf"))
         out = row64 * K_MAX + col
-        tl.store(top_ids_ptr + out, top_ids, mask=col < K_MAX)
-        tl.store(top_lp_ptr + out, top_lp, mask=col < K_MAX)
+        skip = (k <= 0) | invalid
+        rest = (col < K_MAX) & (col >= tl.where(skip, 0, k))  # the columns not stored by rank
+        tl.store(top_ids_ptr + out, tl.full([K_PAD], -1, tl.int32), mask=rest)
+        tl.store(top_lp_ptr + out, tl.where(col < k, float("nan"), float("-inf")), mask=rest)
+        if not skip:
+            _top_k_store(block_max, blk, row_ptr, scratch_ptr + row64 * SCRATCH, k, vocab, n_blocks, lse,
+                         top_ids_ptr + row64 * K_MAX, top_lp_ptr + row64 * K_MAX,
+                         BLOCK, GROUPS_PAD, GROUP, K_PAD, CANDIDATES)
 
 
 def launch_reduce(logits: torch.Tensor, token_ids: torch.Tensor, num_top: torch.Tensor,
@@ -233,19 +296,23 @@ def launch_reduce(logits: torch.Tensor, token_ids: torch.Tensor, num_top: torch.
     ws = out.workspace
     cfg = ws.config
     n_rows, vocab = logits.shape
+    k_max = out.k_max
     has_mask = row_mask is not None
     mask = row_mask.view(torch.uint8) if has_mask else token_ids  # any pointer when unused
     pdl = bool(cfg.pdl) and logits.is_cuda and not TRITON_INTERPRET
+    pdl_first = pdl and bool(cfg.pdl_first)
     inputs = (logits, logits.stride(0), token_ids, num_top, mask,
               ws.chunk_max, ws.chunk_sumexp, ws.chunk_ahead, ws.block_max)
     sizes = (vocab, ws.n_chunks, ws.n_blocks)
-    common = dict(HAS_MASK=has_mask, USE_PDL=pdl, K_MAX=out.k_max, BLOCK=cfg.block)
+    common = dict(HAS_MASK=has_mask, USE_PDL=pdl, K_MAX=k_max, BLOCK=cfg.block)
     chunk_stats_kernel[(ws.n_chunks, n_rows)](
-        *inputs, *sizes, BLOCKS_PER_CHUNK=cfg.chunk // cfg.block, num_warps=cfg.num_warps, **common)
+        *inputs, *sizes, WAIT_PRIOR=pdl_first, BLOCKS_PER_CHUNK=cfg.chunk // cfg.block, num_warps=cfg.num_warps,
+        **(dict(launch_pdl=True) if pdl_first else {}), **common)
+    chunks_pad = triton.next_power_of_2(ws.n_chunks)
+    k_pad = triton.next_power_of_2(max(k_max, 1))
     finish_rows_kernel[(n_rows,)](
-        *inputs, ws.candidates, out.logprob, out.rank, out.logsumexp, out.top_ids, out.top_logprobs,
-        out.status, *sizes, CHUNKS_PAD=triton.next_power_of_2(ws.n_chunks),
-        K_PAD=triton.next_power_of_2(max(out.k_max, 1)), GROUP=cfg.group,
+        *inputs, ws.scratch, out.logprob, out.rank, out.logsumexp, out.top_ids, out.top_logprobs, out.status,
+        *sizes, CHUNKS_PAD=chunks_pad, LOG_CHUNKS=chunks_pad.bit_length() - 1, K_PAD=k_pad, GROUP=cfg.group,
         GROUPS_PAD=triton.next_power_of_2(triton.cdiv(max(ws.n_blocks, 1), cfg.group)),
-        CANDIDATES=cfg.candidates, num_warps=cfg.finish_warps,
-        **(dict(launch_pdl=True) if pdl else {}), **common)
+        CANDIDATES=min(cfg.candidates, max(16, 4 * k_pad)), SCRATCH=ws.scratch.shape[1],
+        num_warps=cfg.finish_warps, **(dict(launch_pdl=True) if pdl else {}), **common)

@@ -26,10 +26,12 @@ class ReduceConfig:
 
     chunk: vocab elements per stage-1 program; block: elements per block maximum
     (top-k candidates are whole blocks); group: block maxima per group for the
-    first top-k threshold; candidates: keys ranked by counting before falling
-    back to rounds of max. All powers of two, block <= chunk. num_warps and
-    finish_warps: warps of the stage-1 and stage-2 programs; pdl: launch stage 2
-    with programmatic dependent launch (CUDA, Hopper and later).
+    first top-k threshold; candidates: most candidates ranked by counting in a
+    top-k phase before falling back to rounds of max. All powers of two, block
+    <= chunk. num_warps and finish_warps: warps of the stage-1 and stage-2
+    programs. pdl: launch stage 2 with programmatic dependent launch (CUDA,
+    Hopper and later); pdl_first: stage 1 too, so it starts while the kernel
+    before it finishes (and waits for its results before reading anything).
     """
 
     chunk: int = 4096
@@ -37,8 +39,9 @@ class ReduceConfig:
     group: int = 32
     candidates: int = 64
     num_warps: int = 4
-    finish_warps: int = 16
+    finish_warps: int = 8
     pdl: bool = True
+    pdl_first: bool = True
 
     def __post_init__(self) -> None:
         for name in ("chunk", "block", "group", "candidates"):
@@ -59,7 +62,7 @@ class ReduceWorkspace:
     chunk_sumexp: torch.Tensor  # [N, n_chunks] f32, NaN where the chunk holds NaN or +inf
     chunk_ahead: torch.Tensor  # [N, n_chunks] int32
     block_max: torch.Tensor  # [N, n_blocks] f32 ([N, 0] when k_max = 0)
-    candidates: torch.Tensor  # [N, 2 * config.candidates] int64: compaction scratch of stage 2
+    scratch: torch.Tensor  # [N, 4 * config.candidates] int32: top-k compaction scratch of stage 2
 
     @property
     def n_chunks(self) -> int:
@@ -84,7 +87,7 @@ class ReduceWorkspace:
             chunk_sumexp=empty(n_chunks, torch.float32),
             chunk_ahead=empty(n_chunks, torch.int32),
             block_max=empty(n_blocks, torch.float32),
-            candidates=empty(2 * config.candidates, torch.int64),
+            scratch=empty(4 * config.candidates if k_max > 0 else 0, torch.int32),
         )
 
 

@@ -115,13 +115,41 @@ def test_random_rows(dtype, vocab):
 
 
 @pytest.mark.parametrize("config", [TINY, ROUNDS], ids=["counting", "rounds"])
-def test_hard_rows(config):
+@pytest.mark.parametrize("k_max", [1, 20])
+def test_hard_rows(config, k_max):
     vocab = 90  # 3 chunks of 32, the last one partial
     logits = hard_rows(vocab, seed=1)
     n_rows = logits.shape[0]
     token_ids = torch.randint(0, vocab, (n_rows,), generator=torch.Generator().manual_seed(2))
     token_ids[3] = 0  # at -inf
-    check_all(logits, token_ids, [20] * n_rows, k_max=20, config=config)
+    check_all(logits, token_ids, [k_max] * n_rows, k_max=k_max, config=config)
+
+
+VARIANTS = {  # tilings and top-k paths: each must give the same answers
+    "block8": ReduceConfig(chunk=64, block=8, group=2, candidates=16),
+    "wide": ReduceConfig(chunk=32, block=4, group=4, candidates=128),  # ties ranked by counting too
+}
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_config_variants(name):
+    config = VARIANTS[name]
+    vocab = 300
+    logits = torch.cat([realistic_logits(3, vocab, seed=3), hard_rows(vocab, seed=4)])
+    n_rows = logits.shape[0]
+    token_ids = torch.arange(n_rows) * 17
+    for k_max in (0, 20):
+        check_all(logits, token_ids, [20, 5, 1] + [20] * (n_rows - 3), k_max=k_max, config=config)
+
+
+def test_k_max_zero_matches_top_k_bits():
+    """logprob, rank, logsumexp and status do not depend on k_max, to the bit."""
+    logits = realistic_logits(5, 200, seed=9)
+    token_ids = [0, 50, 100, 150, 199]
+    without = run(logits, token_ids, [0] * 5, 0)
+    with_top = run(logits, token_ids, [3] * 5, 3)
+    for i in range(5):
+        assert_same_bits(without, i, with_top, i, fields=("logprob", "rank", "logsumexp", "status"))
 
 
 @pytest.mark.parametrize("k_max", [0, 1, 2, 3, 7, 20])
@@ -183,8 +211,8 @@ def test_row_mask_leaves_other_rows_untouched():
 FIELDS = ("logprob", "rank", "logsumexp", "top_ids", "top_logprobs", "status")
 
 
-def assert_same_bits(a: LogprobBuffers, i: int, b: LogprobBuffers, j: int) -> None:
-    for name in FIELDS:
+def assert_same_bits(a: LogprobBuffers, i: int, b: LogprobBuffers, j: int, fields=FIELDS) -> None:
+    for name in fields:
         x, y = getattr(a, name)[i], getattr(b, name)[j]
         if x.is_floating_point():
             x, y = x.view(torch.int32), y.view(torch.int32)
@@ -245,6 +273,37 @@ def test_gpu_full_vocabulary(dtype):
     without_pdl = run(logits, token_ids.cuda(), num_top.cuda(), 20, ReduceConfig(pdl=False))
     for i in range(n_rows):
         assert_same_bits(out, i, without_pdl, i)
+
+
+GPU_VARIANTS = {
+    "no_pdl_first": ReduceConfig(pdl_first=False),
+    "finish_warps_16": ReduceConfig(finish_warps=16),
+}
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(GPU_VARIANTS))
+def test_gpu_config_variants(name):
+    logits = torch.cat([realistic_logits(7, QWEN_VOCAB, seed=51), hard_rows(QWEN_VOCAB, seed=52)]).cuda()
+    n_rows = logits.shape[0]
+    token_ids = torch.randint(0, QWEN_VOCAB, (n_rows,), generator=torch.Generator().manual_seed(53)).cuda()
+    num_top = torch.tensor([20, 5, 1, 20, 3, 20, 0, 20] * 2).cuda()
+    for k_max in (0, 20):
+        check_all(logits, token_ids, num_top, k_max, GPU_VARIANTS[name])
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gpu_k_max_zero_matches_top_k_bits(dtype):
+    """logprob, rank, logsumexp and status do not depend on k_max, to the bit."""
+    logits = realistic_logits(32, QWEN_VOCAB, seed=61, dtype=dtype).cuda()
+    token_ids = torch.randint(0, QWEN_VOCAB, (32,), generator=torch.Generator().manual_seed(62)).cuda()
+    without = run(logits, token_ids, torch.zeros(32, dtype=torch.int64).cuda(), 0, ReduceConfig())
+    with_top = run(logits, token_ids, torch.full((32,), 5).cuda(), 5, ReduceConfig())
+    for i in range(32):
+        assert_same_bits(without, i, with_top, i, fields=("logprob", "rank", "logsumexp", "status"))
 
 
 @gpu
