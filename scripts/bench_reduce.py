@@ -28,7 +28,6 @@ from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
-import triton
 
 from qwen3_runtime.logprobs import LogprobBuffers, reduce_logprobs, token_logprob_from_row
 from qwen3_runtime.logprobs.reduce import ReduceConfig
