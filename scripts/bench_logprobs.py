@@ -112,6 +112,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="qwen3-4b")
     parser.add_argument("--quick", action="store_true", help="fewer tokens and one repetition")
+    parser.add_argument("--parts", nargs="+", default=["matrix", "mixed", "prompt", "copies"],
+                        choices=["matrix", "mixed", "prompt", "copies"])
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     max_tokens, repeats = (64, 1) if args.quick else (256, 3)
@@ -120,14 +122,14 @@ def main() -> None:
                 for path in ("device", "host")}
     for rt in runtimes.values():  # warm-up
         rt.generate(_prompts(rt, 2, 16, 0), SamplingParams(max_tokens=4, temperature=0, logprobs=5))
-    result = {
-        "config": args.config, "prompt_len": 128, "max_tokens": max_tokens, "repeats": repeats,
-        "matrix": matrix(runtimes, [1, 8, 32], 128, max_tokens, repeats),
-        "mixed": mixed(runtimes, 128, max_tokens, repeats),
-        "prompt_logprobs": prompt_logprobs(runtimes, 1024, repeats),
-        "copies": copies_per_step(runtimes, 8),
-        **environment(),
+    parts = {
+        "matrix": lambda: matrix(runtimes, [1, 8, 32], 128, max_tokens, repeats),
+        "mixed": lambda: mixed(runtimes, 128, max_tokens, repeats),
+        "prompt": lambda: prompt_logprobs(runtimes, 1024, repeats),
+        "copies": lambda: copies_per_step(runtimes, 8),
     }
+    result = {"config": args.config, "prompt_len": 128, "max_tokens": max_tokens, "repeats": repeats,
+              **{name: parts[name]() for name in args.parts}, **environment()}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "logprobs.json").write_text(json.dumps(result, indent=2))
 

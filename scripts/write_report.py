@@ -1,7 +1,7 @@
 """Collect the JSON results of scripts/gpu_check.sh into docs/benchmarks.json and docs/BENCHMARKS.md.
 
 Usage: python -m scripts.write_report RESULT_DIR [RESULT_DIR ...] [--notes docs/notes.md]
-Later directories win for a result they share; each table names the run it comes from.
+Later directories win for the keys of a result they share; each table names the run it comes from.
 """
 from __future__ import annotations
 
@@ -57,6 +57,18 @@ def _parity(r: dict) -> list[str]:
 
 
 def _logprobs(r: dict) -> list[str]:
+    lines = []
+    if "matrix" in r:
+        lines += _logprobs_matrix(r)
+    if "copies" in r:
+        lines += ["", "Per decode step, counted by torch.profiler", "",
+                  "| path | logprobs | concurrency | device-to-host copies | bytes | host syncs |", "|---|---|---|---|---|---|"]
+        lines += [f"| {x['path']} | {x['logprobs']} | {x['concurrency']} | {x['d2h_copies_per_step']:.1f} | "
+                  f"{x['d2h_bytes_per_step']:.0f} | {x['host_syncs_per_step']:.1f} |" for x in r["copies"]]
+    return lines
+
+
+def _logprobs_matrix(r: dict) -> list[str]:
     lines = [f"## Logprobs end to end, {r['config']} (random bf16 weights), greedy, {r['prompt_len']}-token prompts, "
              f"{r['max_tokens']} output tokens, median of {r['repeats']}", "", _provenance(r), "",
              "| concurrency | logprobs | path | TPOT ms | TPOT / logprobs off | output tokens/s |", "|---|---|---|---|---|---|"]
@@ -66,11 +78,7 @@ def _logprobs(r: dict) -> list[str]:
               "| path | batch | other rows' TPOT ms | output tokens/s |", "|---|---|---|---|"]
     lines += [f"| {x['path']} | {x['batch']} | {x['others_tpot_ms']:.2f} | {x['tokens_per_s']:.0f} |" for x in r["mixed"]]
     lines += ["", "Prompt logprobs on a 1024-token prompt", "", "| path | prompt_logprobs | prefill ms |", "|---|---|---|"]
-    lines += [f"| {x['path']} | {x['prompt_logprobs']} | {x['prefill_ms']:.1f} |" for x in r["prompt_logprobs"]]
-    lines += ["", "Per decode step, counted by torch.profiler", "",
-              "| path | logprobs | concurrency | device-to-host copies | bytes | host syncs |", "|---|---|---|---|---|---|"]
-    lines += [f"| {x['path']} | {x['logprobs']} | {x['concurrency']} | {x['d2h_copies_per_step']:.1f} | "
-              f"{x['d2h_bytes_per_step']:.0f} | {x['host_syncs_per_step']:.1f} |" for x in r["copies"]]
+    lines += [f"| {x['path']} | {x['prompt_logprobs']} | {x['prefill_ms']:.1f} |" for x in r["prompt"]]
     return lines
 
 
@@ -87,8 +95,8 @@ def main() -> None:
     for d in args.dirs:
         for name in SECTIONS:
             for path in (d / name, d / "bench" / name):
-                if path.is_file():
-                    results[name] = json.loads(path.read_text())
+                if path.is_file():  # a later run's keys replace an earlier run's
+                    results[name] = {**results.get(name, {}), **json.loads(path.read_text())}
     lines = ["# Benchmarks", "", "Measured on the H200 through the device tool by `scripts/gpu_check.sh`; "
              "every ratio is taken inside one run. Raw figures: `docs/benchmarks.json`.", ""]
     for name, section in SECTIONS.items():
