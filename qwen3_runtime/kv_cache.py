@@ -46,6 +46,3 @@ class BlockManager:
     def release(self, seq: Sequence) -> None:
         self.free.extend(seq.block_table)
         seq.block_table = []
-
-    def slot(self, seq: Sequence, position: int) -> int:
-        return seq.block_table[position // self.block_size] * self.block_size + position % self.block_size
