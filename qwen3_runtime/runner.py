@@ -19,7 +19,7 @@ from qwen3_runtime.kv_cache import cdiv
 from qwen3_runtime.logprobs import LogprobBuffers, TokenLogprob, reduce_logprobs, token_logprob_from_row
 from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops.decode_attention import default_num_splits
-from qwen3_runtime.packing import pack, packed_width, unpack_row
+from qwen3_runtime.packing import pack, packed_width, unpack_rows
 from qwen3_runtime.sampler import processed_logits, sample
 from qwen3_runtime.sequence import Sequence
 from qwen3_runtime.step_inputs import StepInputs
@@ -141,8 +141,8 @@ class ModelRunner:
         reduce_logprobs(logits, target_ids, self._tensor(ks), self.k_max, out=out)
         pack(target_ids, out.status, out, packed)
         self.packed_host[:rows].copy_(packed, non_blocking=True)
-        host = self._wait_for_copy(rows)
-        return [unpack_row(host[i], k) if host[i, 1] == 0 else None for i, k in enumerate(ks)]
+        host = self._wait_for_copy(rows)[:rows]
+        return [None if status else lp for status, lp in zip(host[:, 1].tolist(), unpack_rows(host, ks))]
 
     def _sample_and_reduce(self, logits: torch.Tensor, batch: int, variant: str) -> torch.Tensor:
         """Sample, reduce the rows that asked for logprobs, pack it all into `self.packed[:batch]`.
@@ -172,7 +172,7 @@ class ModelRunner:
             elif k is not None and self._host_path(k):
                 results.append(RowResult(token, self._from_full_row(lp_logits[i], token, k)))
             else:
-                results.append(RowResult(token, None if k is None else unpack_row(host[i], k)))
+                results.append(RowResult(token, None if k is None else unpack_rows(host[i:i + 1], [k])[0]))
         return results
 
     def _wait_for_copy(self, rows: int) -> np.ndarray:

@@ -2,7 +2,7 @@ import numpy as np
 import torch
 
 from qwen3_runtime.logprobs import LogprobBuffers
-from qwen3_runtime.packing import pack, packed_width, unpack_row
+from qwen3_runtime.packing import pack, packed_width, unpack_rows
 
 
 def test_pack_round_trip():
@@ -17,8 +17,7 @@ def test_pack_round_trip():
     pack(torch.tensor([4, 11]), torch.tensor([False, True]), buffers, out)
     host = out.numpy()
     assert packed_width(k) == 11 and host[:, :2].tolist() == [[4, 0], [11, 1]]
-    first = unpack_row(host[0], 2)
+    first, second = unpack_rows(host, [2, 3])
     assert (first.token_id, first.logprob, first.rank, first.logsumexp) == (4, -0.5, 1, 3.0)
     assert first.top_ids == [4, 2] and first.top_logprobs == [-0.5, -1.0]
-    second = unpack_row(host[1], 3)
     assert second.top_ids == [1, 0, -1] and np.isneginf(second.top_logprobs[2])
