@@ -163,16 +163,19 @@ class ModelRunner:
         return lp_logits
 
     def _results(self, seqs: list[Sequence], batch: int, lp_logits: torch.Tensor) -> list[RowResult]:
-        host = self._wait_for_copy(batch)
+        host = self._wait_for_copy(batch)[:len(seqs)]
+        widths = [min(max(seq.params.logprobs or 0, 0), self.k_max) for seq in seqs]
         results = []
-        for i, seq in enumerate(seqs):
-            token, k = int(host[i, 0]), seq.params.logprobs
-            if host[i, 1] != 0:
+        for i, (seq, status, row) in enumerate(zip(seqs, host[:, 1].tolist(), unpack_rows(host, widths))):
+            token, k = row.token_id, seq.params.logprobs
+            if status:
                 results.append(RowResult(token, error=NOT_FINITE))
-            elif k is not None and self._host_path(k):
+            elif k is None:
+                results.append(RowResult(token))
+            elif self._host_path(k):
                 results.append(RowResult(token, self._from_full_row(lp_logits[i], token, k)))
             else:
-                results.append(RowResult(token, None if k is None else unpack_rows(host[i:i + 1], [k])[0]))
+                results.append(RowResult(token, row))
         return results
 
     def _wait_for_copy(self, rows: int) -> np.ndarray:
