@@ -22,7 +22,7 @@ from qwen3_runtime.ops.decode_attention import default_num_splits
 from qwen3_runtime.packing import pack, packed_width, unpack_rows
 from qwen3_runtime.sampler import processed_logits, sample
 from qwen3_runtime.sequence import Sequence
-from qwen3_runtime.step_inputs import StepInputs
+from qwen3_runtime.step_inputs import RequestRow, StepInputs
 
 GREEDY, RANDOM = "greedy", "random"  # graph variants: only random batches sort and draw noise
 NOT_FINITE = "the model's logits for this request were not finite (NaN or inf); the request was stopped"
@@ -58,6 +58,7 @@ class ModelRunner:
         self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if pin else 1
         self.inputs = StepInputs.allocate(max_rows, cdiv(engine.max_model_len, engine.block_size), self.device)
         self.staging = StepInputs.allocate(*self.inputs.block_tables.shape, torch.device("cpu"), pin=pin)
+        self._staged_tables: list[tuple[Optional[list[int]], int]] = [(None, 0)] * max_rows  # table, length
         self.logprobs = LogprobBuffers.allocate(max_rows, self.k_max, vocab, self.device)
         self.prompt_logprobs = LogprobBuffers.allocate(self.lp_config.prompt_chunk_size, self.k_max, vocab,
                                                        self.device)
@@ -164,18 +165,15 @@ class ModelRunner:
 
     def _results(self, seqs: list[Sequence], batch: int, lp_logits: torch.Tensor) -> list[RowResult]:
         host = self._wait_for_copy(batch)[:len(seqs)]
-        widths = [min(max(seq.params.logprobs or 0, 0), self.k_max) for seq in seqs]
-        results = []
-        for i, (seq, status, row) in enumerate(zip(seqs, host[:, 1].tolist(), unpack_rows(host, widths))):
-            token, k = row.token_id, seq.params.logprobs
-            if status:
-                results.append(RowResult(token, error=NOT_FINITE))
-            elif k is None:
-                results.append(RowResult(token))
-            elif self._host_path(k):
-                results.append(RowResult(token, self._from_full_row(lp_logits[i], token, k)))
-            else:
-                results.append(RowResult(token, row))
+        results = [RowResult(token, error=NOT_FINITE if status else None)
+                   for token, status in host[:, :2].tolist()]
+        wanted = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None and not results[i].error]
+        on_host = [i for i in wanted if self._host_path(seqs[i].params.logprobs)]
+        on_device = [i for i in wanted if not self._host_path(seqs[i].params.logprobs)]
+        for i, row in zip(on_device, unpack_rows(host[on_device], [seqs[i].params.logprobs for i in on_device])):
+            results[i].logprob = row
+        for i in on_host:
+            results[i].logprob = self._from_full_row(lp_logits[i], results[i].token_id, seqs[i].params.logprobs)
         return results
 
     def _wait_for_copy(self, rows: int) -> np.ndarray:
@@ -206,21 +204,28 @@ class ModelRunner:
         """Fill the rows (each feeding its last token) and padding up to `batch`, then copy them over."""
         bs = self.block_size
         positions = [seq.num_tokens - 1 for seq in seqs]
-        device_k = [k if k is not None and not self._host_path(k) else None
-                    for k in (seq.params.logprobs for seq in seqs)]
-        params = [seq.params for seq in seqs]
         self.staging.fill(
             len(seqs), batch, input_ids=[seq.last_token for seq in seqs], positions=positions,
-            seq_lens=[p + 1 for p in positions],
             slot_mapping=[seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)],
-            top_k=[p.top_k for p in params], seed=[seq.seed for seq in seqs],
-            temperature=[p.temperature for p in params], top_p=[p.top_p for p in params],
-            num_top=[k or 0 for k in device_k], wants_logprobs=[k is not None for k in device_k],
-            processed=[(p.logprobs_mode or self.lp_config.mode) == "processed" for p in params])
+            seq_lens=[p + 1 for p in positions], requests=[self._request_row(seq) for seq in seqs])
         tables = self.staging.block_tables.numpy()
         for i, seq in enumerate(seqs):
-            tables[i, :len(seq.block_table)] = seq.block_table
+            # A row's table changes only when a block is added or the row holds another table (another
+            # request, or this one readmitted after preemption: release() gives it a new list).
+            staged_table, staged_len = self._staged_tables[i]
+            if staged_table is not seq.block_table or staged_len != len(seq.block_table):
+                tables[i, :len(seq.block_table)] = seq.block_table
+                self._staged_tables[i] = (seq.block_table, len(seq.block_table))
         self.inputs.copy_from(self.staging, batch)
+
+    def _request_row(self, seq: Sequence) -> RequestRow:
+        if seq.request_row is None:
+            p, k = seq.params, seq.params.logprobs
+            device_k = k if k is not None and not self._host_path(k) else None
+            processed = (p.logprobs_mode or self.lp_config.mode) == "processed"
+            seq.request_row = RequestRow((p.top_k, seq.seed, device_k or 0, device_k is not None, processed),
+                                         (p.temperature, p.top_p))
+        return seq.request_row
 
     def _slots(self, seq: Sequence, positions: np.ndarray) -> np.ndarray:
         table = np.asarray(seq.block_table, dtype=np.int64)

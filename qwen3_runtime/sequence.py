@@ -9,6 +9,7 @@ from qwen3_runtime.params import SamplingParams
 
 if TYPE_CHECKING:
     from qwen3_runtime.logprobs import TokenLogprob
+    from qwen3_runtime.step_inputs import RequestRow
 
 
 class Status(Enum):
@@ -33,6 +34,7 @@ class Sequence:
     arrival_time: float = 0.0
     first_token_time: Optional[float] = None
     finished_time: Optional[float] = None
+    request_row: Optional[RequestRow] = None  # the runner's per-request step inputs, built once
 
     @property
     def tokens(self) -> list[int]:

@@ -1,21 +1,32 @@
-"""Static per-row inputs of a decode step: a pinned host staging copy, filled row by row, and the
-device copy that the captured graphs read. Three host-to-device copies per step."""
+"""Static per-row inputs of a decode step: a pinned host staging copy, filled a field at a time, and
+the device copy that the captured graphs read. Three host-to-device copies per step."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
+import numpy as np
 import torch
 
 from qwen3_runtime.sampler import SamplingTensors
 
-# Rows of the int64 table, one entry per batch row each.
-INT_FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens", "top_k", "seed", "num_top",
-              "wants_logprobs", "processed")
+# Rows of the int64 table, one entry per batch row each: what changes every step, then what is
+# fixed for a request's lifetime (staged from a cached RequestRow).
+STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens")
+REQUEST_INT_FIELDS = ("top_k", "seed", "num_top", "wants_logprobs", "processed")
+INT_FIELDS = STEP_FIELDS + REQUEST_INT_FIELDS
 FLOAT_FIELDS = ("temperature", "top_p")
 # A padded row: token 0 at position 0, no cache slot (-1: the KV store skips it), no context,
 # greedy, no logprobs.
-PADDING = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "seq_lens": 0, "top_k": -1, "seed": 0,
-           "num_top": 0, "wants_logprobs": 0, "processed": 0, "temperature": 0.0, "top_p": 1.0}
+INT_PADDING = np.array([0, 0, -1, 0, -1, 0, 0, 0, 0], dtype=np.int64)[:, None]
+FLOAT_PADDING = np.array([0.0, 1.0], dtype=np.float32)[:, None]
+
+
+class RequestRow(NamedTuple):
+    """A request's constant columns, built once per request rather than every step."""
+
+    ints: tuple[int, ...]  # REQUEST_INT_FIELDS
+    floats: tuple[float, ...]  # FLOAT_FIELDS
 
 
 @dataclass
@@ -37,17 +48,17 @@ class StepInputs:
             return self.floats[FLOAT_FIELDS.index(name)]
         raise AttributeError(name)
 
-    def fill(self, rows: int, batch: int, **columns: list) -> None:
-        """Set every field's first `rows` entries (host side, through NumPy: no per-element torch
-        indexing), and make rows [rows, batch) padding so stale rows of an earlier batch never
-        write the cache."""
+    def fill(self, rows: int, batch: int, input_ids: list[int], positions: list[int], slot_mapping: list[int],
+             seq_lens: list[int], requests: list[RequestRow]) -> None:
+        """Set the first `rows` entries (host side, whole NumPy rows at a time: per-element work is what
+        costs here), and make rows [rows, batch) padding so stale rows of an earlier batch never write
+        the cache."""
         ints, floats = self.ints.numpy(), self.floats.numpy()
-        for name, values in columns.items():
-            table, fields = (ints, INT_FIELDS) if name in INT_FIELDS else (floats, FLOAT_FIELDS)
-            table[fields.index(name), :rows] = values
-        for name, value in PADDING.items():
-            table, fields = (ints, INT_FIELDS) if name in INT_FIELDS else (floats, FLOAT_FIELDS)
-            table[fields.index(name), rows:batch] = value
+        ints[:len(STEP_FIELDS), :rows] = (input_ids, positions, slot_mapping, seq_lens)
+        ints[len(STEP_FIELDS):, :rows] = np.array([r.ints for r in requests], dtype=np.int64).T
+        floats[:, :rows] = np.array([r.floats for r in requests], dtype=np.float32).T
+        ints[:, rows:batch] = INT_PADDING
+        floats[:, rows:batch] = FLOAT_PADDING
 
     def copy_from(self, host: StepInputs, rows: int) -> None:
         self.ints.copy_(host.ints, non_blocking=True)

@@ -1,10 +1,12 @@
-"""Decode speed: TPOT of greedy generation per batch size, with random weights of a real Qwen3 shape.
+"""Decode speed: TPOT of greedy generation per batch size (random weights of a real Qwen3 shape), beside
+the weight-read floor and Hugging Face transformers' static-cache `generate`, all measured in this run.
 
-Usage: python -m scripts.bench_decode --config qwen3-4b --batch 1 32 --out DIR
+Usage: python -m scripts.bench_decode --config qwen3-4b --batch 1 8 32 64 [--quick] --out DIR
 """
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -14,7 +16,10 @@ import numpy as np
 import torch
 
 from qwen3_runtime import Runtime, SamplingParams
+from qwen3_runtime.model import Qwen3ForCausalLM
+from scripts.hf_reference import random_hf_model, static_cache_tpot
 from scripts.report import environment
+from scripts.timing import copy_bandwidth
 
 
 def measure_tpot(rt: Runtime, batch: int, prompt_len: int, max_tokens: int, seed: int = 0) -> dict:
@@ -31,33 +36,84 @@ def measure_tpot(rt: Runtime, batch: int, prompt_len: int, max_tokens: int, seed
             "tokens_per_s": tokens / wall}
 
 
+def weight_bytes(model: Qwen3ForCausalLM) -> int:
+    """Bytes a decode step must read: every weight once (an untied embedding table is only gathered)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not model.lm_head_is_tied:
+        total -= model.model.embed_tokens.weight.numel() * model.model.embed_tokens.weight.element_size()
+    return total
+
+
+def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:
+    rt = Runtime.from_yaml(args.config, overrides={
+        "engine.max_model_len": 1024, "engine.max_num_seqs": max(args.batch),
+        "engine.cuda_graphs": mode == "graph"})
+    measure_tpot(rt, 2, 16, 4)  # warm-up: Triton compilation, allocator
+    rows = []
+    for batch in args.batch:
+        runs = [measure_tpot(rt, batch, args.prompt_len, args.max_tokens, seed=r) for r in range(args.repeats)]
+        rows.append({"mode": mode, **{k: statistics.median(r[k] for r in runs) for k in runs[0]}})
+        print(f"{args.config} {mode} batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms  "
+              f"TTFT {rows[-1]['ttft_ms']:.1f} ms  {rows[-1]['tokens_per_s']:.0f} tok/s", flush=True)
+    nbytes = weight_bytes(rt.model)
+    del rt
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows, nbytes
+
+
+def transformers_static(args: argparse.Namespace) -> list[dict]:
+    from qwen3_runtime.config import load_config
+
+    model = random_hf_model(load_config(args.config).model.architecture)
+    rows = []
+    for batch in args.hf_batch:
+        static_cache_tpot(model, batch, args.prompt_len, 8)  # compilation and CUDA-graph capture
+        runs = [static_cache_tpot(model, batch, args.prompt_len, args.max_tokens, seed=r)
+                for r in range(args.repeats)]
+        rows.append({"mode": "transformers static cache", "batch": batch, "tpot_ms": statistics.median(runs)})
+        print(f"transformers static cache batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms", flush=True)
+    del model
+    gc.collect()
+    torch.cuda.empty_cache()
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="qwen3-4b")
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--hf-batch", type=int, nargs="*", default=[1, 8, 32],
+                        help="batch sizes for transformers (none: skip it)")
     parser.add_argument("--prompt-len", type=int, default=128)
-    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", nargs="+", default=["graph", "eager"], choices=["graph", "eager"])
+    parser.add_argument("--quick", action="store_true", help="32 tokens, one repetition, graph mode only")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
+    if args.quick:
+        args.max_tokens, args.repeats, args.modes = 32, 1, ["graph"]
+    bandwidth = copy_bandwidth()
     rows = []
     for mode in args.modes:
-        rt = Runtime.from_yaml(args.config, overrides={
-            "engine.max_model_len": 1024, "engine.max_num_seqs": max(args.batch),
-            "engine.cuda_graphs": mode == "graph"})
-        measure_tpot(rt, 2, 16, 4)  # warm-up: Triton compilation, allocator
-        for batch in args.batch:
-            runs = [measure_tpot(rt, batch, args.prompt_len, args.max_tokens, seed=r) for r in range(args.repeats)]
-            row = {"mode": mode, **{k: statistics.median(r[k] for r in runs) for k in runs[0]}}
-            rows.append(row)
-            print(f"{args.config} {mode} batch {batch:3d}: TPOT {row['tpot_ms']:.2f} ms  "
-                  f"TTFT {row['ttft_ms']:.1f} ms  {row['tokens_per_s']:.0f} tok/s", flush=True)
-        del rt
-        torch.cuda.empty_cache()
+        mode_rows, nbytes = ours(args, mode)
+        rows += mode_rows
+    floor_ms = 1e3 * nbytes / bandwidth
+    print(f"weight-read floor: {nbytes / 1e9:.2f} GB / {bandwidth / 1e12:.2f} TB/s = {floor_ms:.3f} ms", flush=True)
+    hf_rows = transformers_static(args) if args.hf_batch else []
+    for row in rows + hf_rows:
+        row["vs_floor"] = row["tpot_ms"] / floor_ms
+    for row in hf_rows:
+        ours_row = next((r for r in rows if r["mode"] == "graph" and r["batch"] == row["batch"]), None)
+        if ours_row:
+            row["speedup_of_ours"] = row["tpot_ms"] / ours_row["tpot_ms"]
+            print(f"batch {row['batch']}: ours {ours_row['tpot_ms']:.2f} ms vs transformers {row['tpot_ms']:.2f} ms"
+                  f" = {row['speedup_of_ours']:.2f}x", flush=True)
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"config": args.config, "prompt_len": args.prompt_len,
-              "max_tokens": args.max_tokens, "repeats": args.repeats, "rows": rows, **environment()}
+    result = {"config": args.config, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
+              "repeats": args.repeats, "weight_bytes": nbytes, "copy_bandwidth_bytes_s": bandwidth,
+              "floor_ms": floor_ms, "rows": rows + hf_rows, **environment()}
     (args.out / "decode.json").write_text(json.dumps(result, indent=2))
 
 

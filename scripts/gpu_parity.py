@@ -16,22 +16,13 @@ from qwen3_runtime.config import ModelConfig, load_config
 from qwen3_runtime.kv_cache import allocate_kv_cache
 from qwen3_runtime.loader import load_model
 from qwen3_runtime.model import AttentionMetadata
+from scripts.hf_reference import random_hf_model
 from scripts.report import environment
 
 
 def write_checkpoint(config_name: str, path: Path, layers: int | None) -> None:
-    import transformers
-
     arch = load_config(config_name).model.architecture
-    torch.manual_seed(0)
-    hf_config = transformers.Qwen3Config(
-        vocab_size=arch.vocab_size, hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size,
-        num_hidden_layers=layers or arch.num_hidden_layers, num_attention_heads=arch.num_attention_heads,
-        num_key_value_heads=arch.num_key_value_heads, head_dim=arch.head_dim, rms_norm_eps=arch.rms_norm_eps,
-        rope_parameters={"rope_type": "default", "rope_theta": arch.rope_theta},
-        max_position_embeddings=arch.max_position_embeddings, tie_word_embeddings=arch.tie_word_embeddings)
-    with torch.device("cuda"):
-        transformers.Qwen3ForCausalLM(hf_config).to(torch.bfloat16).save_pretrained(path)
+    random_hf_model(arch, layers).save_pretrained(path)
 
 
 def compare(path: Path, prompt_len: int) -> dict:

@@ -1,0 +1,59 @@
+"""Hugging Face transformers as the yardstick: the same Qwen3 shape as one of our configs, random
+weights, and its static-cache `generate` (auto-compiled by transformers) timed token by token."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from qwen3_runtime.config import ArchitectureConfig
+
+
+def hf_config(arch: ArchitectureConfig, layers: int | None = None):
+    import transformers
+
+    return transformers.Qwen3Config(
+        vocab_size=arch.vocab_size, hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size,
+        num_hidden_layers=layers or arch.num_hidden_layers, num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_key_value_heads, head_dim=arch.head_dim, rms_norm_eps=arch.rms_norm_eps,
+        rope_parameters={"rope_type": "default", "rope_theta": arch.rope_theta},
+        max_position_embeddings=arch.max_position_embeddings, tie_word_embeddings=arch.tie_word_embeddings)
+
+
+def random_hf_model(arch: ArchitectureConfig, layers: int | None = None, seed: int = 0):
+    import transformers
+
+    torch.manual_seed(seed)
+    with torch.device("cuda"):
+        model = transformers.Qwen3ForCausalLM(hf_config(arch, layers)).to(torch.bfloat16).eval()
+    model.generation_config.eos_token_id = None  # every run generates exactly max_new_tokens
+    return model
+
+
+class _TokenClock:
+    """A streamer that notes when each step's tokens reach the host (generate syncs every step)."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+
+    def put(self, value: torch.Tensor) -> None:
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def static_cache_tpot(model, batch: int, prompt_len: int, max_tokens: int, seed: int = 0) -> float:
+    """Median ms between consecutive decode tokens of greedy `generate` with cache_implementation="static"
+    (transformers compiles the decode forward itself). The prompt put and the first token (prefill) are
+    left out."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device="cuda", generator=gen)
+    clock = _TokenClock()
+    with torch.inference_mode():
+        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
+                       do_sample=False, cache_implementation="static",
+                       pad_token_id=0, streamer=clock)
+    gaps = [b - a for a, b in zip(clock.times[2:], clock.times[3:])]
+    return 1e3 * statistics.median(gaps)
