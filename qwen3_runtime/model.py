@@ -10,8 +10,8 @@ from torch import nn
 
 from qwen3_runtime.config import ArchitectureConfig
 from qwen3_runtime.ops.decode_attention import paged_decode_attention
-from qwen3_runtime.ops.kv_store import store_kv
-from qwen3_runtime.ops.norms import add_rms_norm, qk_norm_rope, silu_mul
+from qwen3_runtime.ops.attention_inputs import attention_inputs
+from qwen3_runtime.ops.norms import add_rms_norm, silu_mul
 from qwen3_runtime.ops.prefill_attention import prefill_attention
 
 
@@ -46,7 +46,7 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """The half-split (NeoX) rotary embedding's cos/sin table over all positions (applied by qk_norm_rope)."""
+    """The half-split (NeoX) rotary embedding's cos/sin table over all positions (applied by attention_inputs)."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
@@ -67,7 +67,6 @@ class Attention(nn.Module):
             cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
         self.scale = self.head_dim ** -0.5
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.split_sizes = [q_size, kv_size, kv_size]
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=False)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
@@ -75,19 +74,16 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
-        tokens = x.shape[0]
-        qkv = self.qkv_proj(x)
-        q, k = qk_norm_rope(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight, self.k_norm.weight,
-                            rotary.cos_sin, positions, self.q_norm.eps)
-        v = qkv[:, self.split_sizes[0] + self.split_sizes[1]:].view(tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
-        store_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+        q, k, v = attention_inputs(self.qkv_proj(x), self.num_heads, self.num_kv_heads, self.q_norm.weight,
+                                   self.k_norm.weight, self.q_norm.eps, rotary.cos_sin, positions, k_cache, v_cache,
+                                   meta.slot_mapping)
         if meta.is_prefill:
             out = prefill_attention(q, k, v, meta.cu_seqlens, self.scale)
         else:
             out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                          self.scale, meta.num_splits)
-        return self.o_proj(out.reshape(tokens, -1))
+        return self.o_proj(out.reshape(x.shape[0], -1))
 
 
 class MLP(nn.Module):

@@ -1,0 +1,122 @@
+"""From the fused qkv projection to what attention reads, in one kernel: per-head RMSNorm and
+half-split (NeoX) rotary embedding of q and k, and the new k and v written into the paged KV cache.
+
+The cache layout is [num_blocks, block_size, num_kv_heads, head_dim]; a token's slot is
+block_id * block_size + offset. Padded rows carry slot -1 and write nothing, so a fixed-size
+(CUDA-graph) batch can include empty rows. Rounding follows Hugging Face's bf16 semantics: the
+normalised value is rounded before the weight multiplies it, and again before the rotation.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from qwen3_runtime.ops import use_triton
+from qwen3_runtime.ops.norms import add_rms_norm_reference
+
+
+@triton.jit
+def _attention_inputs_kernel(qkv_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, positions_ptr, slot_mapping_ptr,
+                             q_ptr, k_ptr, k_cache_ptr, v_cache_ptr,
+                             num_heads, num_kv_heads, qkv_stride, head_dim, eps,
+                             stride_cache_block, stride_cache_offset, stride_cache_head,
+                             BLOCK_SIZE: tl.constexpr, HALF_BLOCK: tl.constexpr):
+    """One program per (token, head) over q heads, then k heads, then v heads."""
+    token = tl.program_id(0).to(tl.int64)
+    head = tl.program_id(1)
+    half = head_dim // 2
+    offs = tl.arange(0, HALF_BLOCK)
+    mask = offs < half
+    src = qkv_ptr + token * qkv_stride + head * head_dim
+    dtype = q_ptr.dtype.element_ty
+    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    # Not `mask & (slot >= 0)`: the interpreter turns scalar & block into int32.
+    store_mask = offs < tl.where(slot >= 0, half, 0)
+    slot = tl.maximum(slot, 0)  # a padded row's (masked) addresses stay inside the cache
+    cache_row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
+    if head >= num_heads + num_kv_heads:
+        dst = v_cache_ptr + cache_row + (head - num_heads - num_kv_heads) * stride_cache_head
+        tl.store(dst + offs, tl.load(src + offs, mask=store_mask), mask=store_mask)
+        tl.store(dst + half + offs, tl.load(src + half + offs, mask=store_mask), mask=store_mask)
+        return
+    x1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + half + offs, mask=mask, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / head_dim + eps)
+    is_q = head < num_heads
+    if is_q:
+        w1 = tl.load(q_weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        w2 = tl.load(q_weight_ptr + half + offs, mask=mask, other=0.0).to(tl.float32)
+    else:
+        w1 = tl.load(k_weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+        w2 = tl.load(k_weight_ptr + half + offs, mask=mask, other=0.0).to(tl.float32)
+    x1 = ((x1 * inv_rms).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
+    x2 = ((x2 * inv_rms).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    position = tl.load(positions_ptr + token).to(tl.int64)
+    cos = tl.load(cos_sin_ptr + position * head_dim + offs, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + position * head_dim + half + offs, mask=mask, other=0.0).to(dtype).to(tl.float32)
+    out1, out2 = (x1 * cos - x2 * sin).to(dtype), (x2 * cos + x1 * sin).to(dtype)
+    if is_q:
+        dst = q_ptr + (token * num_heads + head) * head_dim
+        tl.store(dst + offs, out1, mask=mask)
+        tl.store(dst + half + offs, out2, mask=mask)
+    else:
+        kv_head = head - num_heads
+        dst = k_ptr + (token * num_kv_heads + kv_head) * head_dim
+        tl.store(dst + offs, out1, mask=mask)
+        tl.store(dst + half + offs, out2, mask=mask)
+        dst = k_cache_ptr + cache_row + kv_head * stride_cache_head
+        tl.store(dst + offs, out1, mask=store_mask)
+        tl.store(dst + half + offs, out2, mask=store_mask)
+
+
+def attention_inputs(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_weight: torch.Tensor,
+                     k_weight: torch.Tensor, eps: float, cos_sin: torch.Tensor, positions: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q [T, H, D] and k [T, KVH, D], normed per head and rotated, and v [T, KVH, D] (a view of qkv),
+    from qkv [T, (H + 2 KVH) D]; k and v also go into the caches at slot_mapping [T] (-1: skipped).
+    `cos_sin` is [max_len, D]: cos over the first half of each row, sin over the second."""
+    if not use_triton(qkv):
+        return attention_inputs_reference(qkv, num_heads, num_kv_heads, q_weight, k_weight, eps, cos_sin,
+                                          positions, k_cache, v_cache, slot_mapping)
+    tokens, head_dim = qkv.shape[0], q_weight.shape[0]
+    assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
+    assert k_cache.dtype == v_cache.dtype == qkv.dtype
+    q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    k = torch.empty(tokens, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    if tokens:
+        _attention_inputs_kernel[(tokens, num_heads + 2 * num_kv_heads)](
+            qkv, q_weight, k_weight, cos_sin, positions, slot_mapping, q, k, k_cache, v_cache,
+            num_heads, num_kv_heads, qkv.stride(0), head_dim, eps,
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            BLOCK_SIZE=k_cache.shape[1], HALF_BLOCK=triton.next_power_of_2(head_dim // 2), num_warps=1)
+    return q, k, _v_view(qkv, num_heads, num_kv_heads, head_dim)
+
+
+def _v_view(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    return qkv[:, (num_heads + num_kv_heads) * head_dim:].view(qkv.shape[0], num_kv_heads, head_dim)
+
+
+def attention_inputs_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_weight: torch.Tensor,
+                               k_weight: torch.Tensor, eps: float, cos_sin: torch.Tensor, positions: torch.Tensor,
+                               k_cache: torch.Tensor, v_cache: torch.Tensor,
+                               slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    tokens, head_dim = qkv.shape[0], q_weight.shape[0]
+    q, k, _ = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
+    cos, sin = cos_sin[positions].to(qkv.dtype)[:, None, :].chunk(2, dim=-1)
+
+    def norm_rope(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        x = add_rms_norm_reference(x, weight, eps)
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    q = norm_rope(q.reshape(tokens, num_heads, head_dim), q_weight)
+    k = norm_rope(k.reshape(tokens, num_kv_heads, head_dim), k_weight)
+    v = _v_view(qkv, num_heads, num_kv_heads, head_dim)
+    valid = slot_mapping >= 0
+    slots = slot_mapping[valid].long()
+    blocks, offsets = slots // k_cache.shape[1], slots % k_cache.shape[1]
+    k_cache[blocks, offsets] = k[valid]
+    v_cache[blocks, offsets] = v[valid]
+    return q, k, v
