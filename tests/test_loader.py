@@ -27,7 +27,8 @@ def test_fused_projections_hold_the_checkpoint_tensors(tiny_checkpoint):
     model = _load(tiny_checkpoint)
     tensors = load_file(tiny_checkpoint / "model.safetensors")
     attn = model.model.layers[1].self_attn
-    q, k, v = attn.qkv_proj.weight.split(attn.split_sizes)
+    q_size, kv_size = attn.num_heads * attn.head_dim, attn.num_kv_heads * attn.head_dim
+    q, k, v = attn.qkv_proj.weight.split([q_size, kv_size, kv_size])
     assert torch.equal(k, tensors["model.layers.1.self_attn.k_proj.weight"])
     assert torch.equal(v, tensors["model.layers.1.self_attn.v_proj.weight"])
     up = model.model.layers[0].mlp.gate_up_proj.weight.chunk(2)[1]
