@@ -11,7 +11,8 @@ from torch import nn
 from qwen3_runtime.config import ArchitectureConfig
 from qwen3_runtime.ops.decode_attention import paged_decode_attention
 from qwen3_runtime.ops.attention_inputs import attention_inputs
-from qwen3_runtime.ops.norms import add_rms_norm, silu_mul
+from qwen3_runtime.ops.linear import linear, linear_partials
+from qwen3_runtime.ops.norms import add_rms_norm
 from qwen3_runtime.ops.prefill_attention import prefill_attention
 
 
@@ -74,16 +75,17 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+        """The output projection as [S, T, hidden] partial sums (ops/linear.py), for the next norm to add."""
         k_cache, v_cache = kv_cache
-        q, k, v = attention_inputs(self.qkv_proj(x), self.num_heads, self.num_kv_heads, self.q_norm.weight,
-                                   self.k_norm.weight, self.q_norm.eps, rotary.cos_sin, positions, k_cache, v_cache,
-                                   meta.slot_mapping)
+        q, k, v = attention_inputs(linear(x, self.qkv_proj.weight), self.num_heads, self.num_kv_heads,
+                                   self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, rotary.cos_sin, positions,
+                                   k_cache, v_cache, meta.slot_mapping)
         if meta.is_prefill:
             out = prefill_attention(q, k, v, meta.cu_seqlens, self.scale)
         else:
             out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                          self.scale, meta.num_splits)
-        return self.o_proj(out.reshape(x.shape[0], -1))
+        return linear_partials(out.reshape(x.shape[0], -1), self.o_proj.weight)
 
 
 class MLP(nn.Module):
@@ -93,7 +95,8 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(silu_mul(self.gate_up_proj(x)))
+        """down_proj as [S, T, hidden] partial sums, like Attention's output."""
+        return linear_partials(linear(x, self.gate_up_proj.weight), self.down_proj.weight, gated=True)
 
 
 class DecoderLayer(nn.Module):

@@ -1,5 +1,5 @@
 """Per-kernel decisions for the decode step, measured on the GPU (CUDA-graph replay medians, µs):
-the Qwen3-4B projections through cuBLAS against a Triton skinny GEMM, and the paged decode
+the Qwen3-4B projections through cuBLAS against ops/linear.py's skinny GEMM, and the paged decode
 attention's tile size and split count.
 
 Usage: python -m scripts.bench_kernels --out DIR
@@ -12,10 +12,9 @@ import json
 from pathlib import Path
 
 import torch
-import triton
-import triton.language as tl
 
 from qwen3_runtime.ops import decode_attention
+from qwen3_runtime.ops.linear import linear, linear_partials
 from scripts.report import environment
 from scripts.timing import copy_bandwidth, graph_us_per_call
 
@@ -24,62 +23,30 @@ SHAPES = [("qkv", 6144, 2560), ("o", 2560, 4096), ("gate_up", 19456, 2560), ("do
 ROTATE_BYTES = 400 * 2**20  # weights cycled per graph so L2 (50 MB) never holds them
 
 
-@triton.jit
-def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    pid = tl.program_id(0)
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + offs_m[:, None] * K + offs_k[None, :]
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * K + offs_k[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for _ in range(0, K, BLOCK_K):
-        x = tl.load(x_ptrs, mask=offs_m[:, None] < M, other=0.0)
-        w = tl.load(w_ptrs)
-        acc = tl.dot(x, tl.trans(w), acc)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    tl.store(out_ptr + offs_m[:, None] * N + offs_n[None, :], acc.to(out_ptr.dtype.element_ty),
-             mask=offs_m[:, None] < M)
-
-
-def skinny_gemm(x, w, out, block_n, block_k, stages, warps):
-    m, k = x.shape
-    _skinny_gemm_kernel[(w.shape[0] // block_n,)](x, w, out, m, w.shape[0], k, BLOCK_M=max(16, triton.next_power_of_2(m)),
-                                                  BLOCK_N=block_n, BLOCK_K=block_k, num_stages=stages,
-                                                  num_warps=warps)
-
-
 def gemm_rows(batches: list[int], bandwidth: float) -> list[dict]:
+    """cuBLAS against ops/linear.py: `linear` for the wide projections, split-K `linear_partials` for
+    the narrow ones (down_proj gated: it takes [gate | up] and applies silu_mul as it loads)."""
     rows = []
     for (name, n, k), m in itertools.product(SHAPES, batches):
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
                    for _ in range(max(2, ROTATE_BYTES // (n * k * 2)))]
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        gate_up = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
+        if name in ("qkv", "gate_up"):
+            ours = lambda w: linear(x, w)  # noqa: E731
+        elif name == "o":
+            ours = lambda w: linear_partials(x, w)  # noqa: E731
+        else:
+            ours = lambda w: linear_partials(gate_up, w, gated=True)  # noqa: E731
         floor = n * k * 2 / bandwidth * 1e6
         row = {"shape": name, "n": n, "k": k, "m": m, "floor_us": floor,
-               "cublas_us": graph_us_per_call(lambda w: torch.mm(x, w.t(), out=out), weights)}
-        ref = x.float() @ weights[0].float().t()
-        best = None
-        for block_n, block_k, stages, warps in itertools.product((16, 32, 64), (128, 256, 512), (3, 5), (4,)):
-            if n % block_n:
-                continue
-            try:
-                skinny_gemm(x, weights[0], out, block_n, block_k, stages, warps)
-                if (out.float() - ref).abs().max() > 0.05 * ref.abs().max():
-                    continue
-                us = graph_us_per_call(lambda w: skinny_gemm(x, w, out, block_n, block_k, stages, warps), weights)
-            except Exception:  # out of shared memory for this tile
-                continue
-            if best is None or us < best[0]:
-                best = (us, f"n{block_n} k{block_k} s{stages} w{warps}")
-        row["triton_us"], row["triton_config"] = best if best else (None, None)
+               "cublas_us": graph_us_per_call(lambda w: torch.mm(x, w.t(), out=out), weights),
+               "ours_us": graph_us_per_call(ours, weights)}
         rows.append(row)
         print(f"{name:8s} m={m:3d}: floor {floor:6.1f} us  cuBLAS {row['cublas_us']:6.1f} us "
-              f"({floor / row['cublas_us']:.0%})  triton {row['triton_us'] or 0:6.1f} us ({row['triton_config']})",
-              flush=True)
+              f"({floor / row['cublas_us']:.0%})  ops.linear {row['ours_us']:6.1f} us "
+              f"({floor / row['ours_us']:.0%})", flush=True)
         del weights
     return rows
 
@@ -113,11 +80,15 @@ def attention_rows(bandwidth: float) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--parts", nargs="+", default=["gemm", "attention"], choices=["gemm", "attention"])
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
-    result = {"copy_bandwidth_bytes_s": bandwidth, "gemm": gemm_rows(args.batch, bandwidth),
-              "attention": attention_rows(bandwidth), **environment()}
+    result = {"copy_bandwidth_bytes_s": bandwidth, **environment()}
+    if "gemm" in args.parts:
+        result["gemm"] = gemm_rows(args.batch, bandwidth)
+    if "attention" in args.parts:
+        result["attention"] = attention_rows(bandwidth)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernels.json").write_text(json.dumps(result, indent=2))
 

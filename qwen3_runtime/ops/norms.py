@@ -20,39 +20,48 @@ from qwen3_runtime.ops import use_triton
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n_cols, eps,
+def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n_cols, num_parts, stride_part, eps,
                          HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
-    x = tl.load(x_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
+    dtype = out_ptr.dtype.element_ty
+    x = tl.zeros([BLOCK], tl.float32)
+    for part in range(num_parts):  # a split projection's partial sums, in a fixed order
+        x += tl.load(x_ptr + part * stride_part + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
+        x = x.to(dtype).to(tl.float32)  # the projection's output, rounded as an unsplit one would be
         x = x + tl.load(residual_ptr + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
-        x = x.to(residual_ptr.dtype.element_ty)
+        x = x.to(dtype)
         tl.store(residual_ptr + row * n_cols + cols, x, mask=mask)
         x = x.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
-    normed = (x * inv_rms).to(out_ptr.dtype.element_ty).to(tl.float32)
+    normed = (x * inv_rms).to(dtype).to(tl.float32)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
-    tl.store(out_ptr + row * n_cols + cols, (normed * weight).to(out_ptr.dtype.element_ty), mask=mask)
+    tl.store(out_ptr + row * n_cols + cols, (normed * weight).to(dtype), mask=mask)
 
 
 def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
                  residual: torch.Tensor | None = None) -> torch.Tensor:
-    """RMSNorm(x) or, with `residual`, residual += x (in place) and RMSNorm(residual). x is [T, D]."""
+    """RMSNorm(x) or, with `residual`, residual += x (in place) and RMSNorm(residual). x is [T, D], or
+    with `residual` also [S, T, D]: partial sums of a split projection (`linear_partials`), added first."""
     if not use_triton(x):
         return add_rms_norm_reference(x, weight, eps, residual)
-    out = torch.empty_like(x)
-    if x.shape[0]:
-        _add_rms_norm_kernel[(x.shape[0],)](x, x if residual is None else residual, weight, out, x.shape[1], eps,
-                                            HAS_RESIDUAL=residual is not None,
-                                            BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=4)
+    parts = x if x.dim() == 3 else x[None]
+    assert parts.is_contiguous() and (residual is not None or x.dim() == 2)
+    out = torch.empty(parts.shape[1:], dtype=x.dtype if residual is None else residual.dtype, device=x.device)
+    if out.shape[0]:
+        _add_rms_norm_kernel[(out.shape[0],)](parts, x if residual is None else residual, weight, out, out.shape[1],
+                                              parts.shape[0], parts.stride(0), eps, HAS_RESIDUAL=residual is not None,
+                                              BLOCK=triton.next_power_of_2(out.shape[1]), num_warps=4)
     return out
 
 
 def add_rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
                            residual: torch.Tensor | None = None) -> torch.Tensor:
     if residual is not None:
+        if x.dim() == 3:
+            x = x.sum(0, dtype=torch.float32).to(residual.dtype)
         residual.add_(x)
         x = residual
     xf = x.float()

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from qwen3_runtime.ops.decode_attention import (
+    BLOCK_N,
     MAX_SPLITS,
     decode_workspace,
     default_num_splits,
@@ -126,8 +127,8 @@ def test_kernel_gives_zeros_for_an_all_padded_batch(num_splits):
 def test_default_num_splits_fills_the_gpu_only_when_rows_are_few():
     assert default_num_splits(batch_size=1, num_kv_heads=8, max_seq_len=40960, num_sms=132) == MAX_SPLITS
     assert default_num_splits(batch_size=64, num_kv_heads=8, max_seq_len=40960, num_sms=132) == 1
-    # Never more splits than 32-token tiles in the longest row.
-    assert default_num_splits(batch_size=1, num_kv_heads=8, max_seq_len=40, num_sms=132) == 2
+    # Never more splits than tiles in the longest row.
+    assert default_num_splits(batch_size=1, num_kv_heads=8, max_seq_len=BLOCK_N + 8, num_sms=132) == 2
 
 
 def _real_shape_inputs(batch, generator):

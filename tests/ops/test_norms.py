@@ -19,6 +19,14 @@ def test_add_rms_norm(dim):
     _close(res_b, residual + x)
 
 
+def test_add_rms_norm_adds_split_partials_first():
+    parts, residual, weight = torch.randn(3, 5, 100), torch.randn(5, 100) * 3, torch.randn(100)
+    res_a, res_b = residual.clone(), residual.clone()
+    _close(add_rms_norm(parts, weight, 1e-6, res_a), add_rms_norm_reference(parts, weight, 1e-6, res_b))
+    _close(res_a, residual + parts.sum(0))
+    _close(res_b, residual + parts.sum(0))
+
+
 def test_silu_mul():
     gate_up = torch.randn(3, 2 * 1500) * 4
     _close(silu_mul(gate_up), silu_mul_reference(gate_up))
