@@ -12,7 +12,7 @@ from qwen3_runtime.config import ArchitectureConfig
 from qwen3_runtime.ops.decode_attention import paged_decode_attention
 from qwen3_runtime.ops.attention_inputs import attention_inputs
 from qwen3_runtime.ops.linear import linear, linear_partials
-from qwen3_runtime.ops.norms import add_rms_norm
+from qwen3_runtime.ops.norms import add_rms_norm, silu_mul
 from qwen3_runtime.ops.prefill_attention import prefill_attention
 
 
@@ -96,7 +96,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """down_proj as [S, T, hidden] partial sums, like Attention's output."""
-        return linear_partials(linear(x, self.gate_up_proj.weight), self.down_proj.weight, gated=True)
+        return linear_partials(silu_mul(linear(x, self.gate_up_proj.weight)), self.down_proj.weight)
 
 
 class DecoderLayer(nn.Module):

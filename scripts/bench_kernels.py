@@ -25,20 +25,17 @@ ROTATE_BYTES = 400 * 2**20  # weights cycled per graph so L2 (50 MB) never holds
 
 def gemm_rows(batches: list[int], bandwidth: float) -> list[dict]:
     """cuBLAS against ops/linear.py: `linear` for the wide projections, split-K `linear_partials` for
-    the narrow ones (down_proj gated: it takes [gate | up] and applies silu_mul as it loads)."""
+    the narrow ones (o_proj, down_proj)."""
     rows = []
     for (name, n, k), m in itertools.product(SHAPES, batches):
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
                    for _ in range(max(2, ROTATE_BYTES // (n * k * 2)))]
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        gate_up = torch.randn(m, 2 * k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         if name in ("qkv", "gate_up"):
             ours = lambda w: linear(x, w)  # noqa: E731
-        elif name == "o":
-            ours = lambda w: linear_partials(x, w)  # noqa: E731
         else:
-            ours = lambda w: linear_partials(gate_up, w, gated=True)  # noqa: E731
+            ours = lambda w: linear_partials(x, w)  # noqa: E731
         floor = n * k * 2 / bandwidth * 1e6
         row = {"shape": name, "n": n, "k": k, "m": m, "floor_us": floor,
                "cublas_us": graph_us_per_call(lambda w: torch.mm(x, w.t(), out=out), weights),
@@ -79,7 +76,7 @@ def attention_rows(bandwidth: float) -> list[dict]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64])
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 16, 32])
     parser.add_argument("--parts", nargs="+", default=["gemm", "attention"], choices=["gemm", "attention"])
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()

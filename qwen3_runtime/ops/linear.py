@@ -1,7 +1,7 @@
 """Projections of a few rows (decode) as a Triton skinny GEMM: y = x @ W^T with W [N, K] row-major.
 
 A decode step only streams weights, so what matters is keeping enough loads in flight on every
-SM. cuBLAS reaches 52-79% of the copy bandwidth on Qwen3-4B's projections at 1-32 rows
+SM. cuBLAS reaches 52-79% of the copy bandwidth on Qwen3-4B's projections at 1-16 rows
 (scripts/bench_kernels.py, H200): worst on the two with few output columns (o_proj and down_proj,
 N = hidden size), where too few tiles cover the GPU. There each program takes one of `splits`
 slices of K and writes an fp32 partial sum; the partials are added by the next kernel, the
@@ -18,10 +18,9 @@ import triton
 import triton.language as tl
 
 from qwen3_runtime.ops import use_triton
-from qwen3_runtime.ops.norms import silu_mul
 
-# Up to this many rows the skinny kernel beats cuBLAS on the H200 (at 64 cuBLAS wins on gate_up).
-SKINNY_MAX_ROWS = 32
+# Up to this many rows the skinny kernel beats cuBLAS on the H200 (at 32 cuBLAS wins on the wide ones).
+SKINNY_MAX_ROWS = 16
 BLOCK_K = 128
 # Programs wanted per SM: enough independent weight streams to cover the memory latency.
 PROGRAMS_PER_SM = 2
@@ -30,9 +29,8 @@ PROGRAMS_PER_SM = 2
 @triton.jit
 def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, stride_wn, stride_os, stride_om,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        EVEN: tl.constexpr, GATED: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Program (column tile, split): out[split, :M, tile] = x[:, slice] @ W[tile, slice]^T.
-    GATED: x is [gate | up] ([M, 2K]) and the input is silu(gate) * up, rounded like `silu_mul`'s."""
+                        EVEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+    """Program (column tile, split): out[split, :M, tile] = x[:, slice] @ W[tile, slice]^T."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -51,10 +49,6 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, 
             x_mask = m_mask & k_mask
             w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & k_mask, other=0.0)
         x = tl.load(x_ptrs, mask=x_mask, other=0.0)
-        if GATED:
-            gate = x.to(tl.float32)
-            silu = (gate / (1.0 + tl.exp(-gate))).to(w.dtype).to(tl.float32)
-            x = (silu * tl.load(x_ptrs + K, mask=x_mask, other=0.0).to(tl.float32)).to(w.dtype)
         acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -62,18 +56,16 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, 
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask & (offs_n[None, :] < N))
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, block_n: int,
-            gated: bool = False) -> None:
+def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, block_n: int) -> None:
     rows = x.shape[0]
     n, k = weight.shape
-    assert x.shape[1] == (2 * k if gated else k)
     k_per_split = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
     assert x.stride(1) == weight.stride(1) == out.stride(-1) == 1 and triton.cdiv(k, k_per_split) == splits
     _skinny_gemm_kernel[(triton.cdiv(n, block_n), splits)](
         x, weight, out, rows, n, k, k_per_split, x.stride(0), weight.stride(0),
         out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
         BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_K=BLOCK_K,
-        EVEN=n % block_n == 0 and k % (splits * BLOCK_K) == 0, GATED=gated,
+        EVEN=n % block_n == 0 and k % (splits * BLOCK_K) == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4, num_stages=4)
 
 
@@ -97,14 +89,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def linear_partials(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None,
-                    gated: bool = False) -> torch.Tensor:
+def linear_partials(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None) -> torch.Tensor:
     """x @ weight^T as [S, T, N] fp32 partial sums over S slices of K ([1, T, N] in x's dtype from
     cuBLAS), for `add_rms_norm` to add up. By default S makes N / 32 column tiles x S fill the GPU,
-    with slices of at least 4 K-tiles. gated: x is a fused [gate | up] projection and the input is
-    silu_mul(x), computed as the weights stream in (no separate launch)."""
+    with slices of at least 4 K-tiles."""
     if not _skinny(x):
-        return F.linear(silu_mul(x) if gated else x, weight)[None]
+        return F.linear(x, weight)[None]
     n, k = weight.shape
     block_n = 32
     if splits is None:
@@ -112,5 +102,5 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, splits: int | None = 
         splits = max(1, min(wanted, k // (4 * BLOCK_K)))
     splits = triton.cdiv(k, triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K)  # no empty slice
     out = torch.empty(splits, x.shape[0], n, dtype=torch.float32, device=x.device)
-    _launch(x, weight, out, splits, block_n, gated)
+    _launch(x, weight, out, splits, block_n)
     return out

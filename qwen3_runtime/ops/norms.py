@@ -20,14 +20,14 @@ from qwen3_runtime.ops import use_triton
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n_cols, num_parts, stride_part, eps,
-                         HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n_cols, stride_part, eps,
+                         NUM_PARTS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
     dtype = out_ptr.dtype.element_ty
     x = tl.zeros([BLOCK], tl.float32)
-    for part in range(num_parts):  # a split projection's partial sums, in a fixed order
+    for part in tl.static_range(NUM_PARTS):  # a split projection's partial sums, loads issued together
         x += tl.load(x_ptr + part * stride_part + row * n_cols + cols, mask=mask, other=0.0).to(tl.float32)
     if HAS_RESIDUAL:
         x = x.to(dtype).to(tl.float32)  # the projection's output, rounded as an unsplit one would be
@@ -52,7 +52,8 @@ def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out = torch.empty(parts.shape[1:], dtype=x.dtype if residual is None else residual.dtype, device=x.device)
     if out.shape[0]:
         _add_rms_norm_kernel[(out.shape[0],)](parts, x if residual is None else residual, weight, out, out.shape[1],
-                                              parts.shape[0], parts.stride(0), eps, HAS_RESIDUAL=residual is not None,
+                                              parts.stride(0), eps, NUM_PARTS=parts.shape[0],
+                                              HAS_RESIDUAL=residual is not None,
                                               BLOCK=triton.next_power_of_2(out.shape[1]), num_warps=4)
     return out
 

@@ -3,7 +3,6 @@ import torch
 
 from qwen3_runtime.ops import linear as linear_module
 from qwen3_runtime.ops.linear import linear, linear_partials
-from qwen3_runtime.ops.norms import silu_mul_reference
 
 
 def _close(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
@@ -32,14 +31,6 @@ def test_partials_add_up_to_the_product(splits, n, k):
     _close(parts.sum(0), x, weight)
 
 
-@pytest.mark.parametrize("rows", [1, 4, linear_module.SKINNY_MAX_ROWS + 1])  # the last: cuBLAS
-def test_gated_partials_take_silu_mul_of_gate_and_up(rows):
-    gen = torch.Generator().manual_seed(rows)
-    gate_up, weight = torch.randn(rows, 2 * 200, generator=gen) * 3, torch.randn(48, 200, generator=gen)
-    parts = linear_partials(gate_up, weight, splits=2, gated=True)
-    _close(parts.sum(0), silu_mul_reference(gate_up), weight)
-
-
 def test_larger_batches_and_empty_ones_go_to_the_library():
     x, weight = torch.randn(linear_module.SKINNY_MAX_ROWS + 1, 32), torch.randn(16, 32)
     _close(linear(x, weight), x, weight)
@@ -49,7 +40,7 @@ def test_larger_batches_and_empty_ones_go_to_the_library():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("rows", [1, 8, 32])
+@pytest.mark.parametrize("rows", [1, 8, 16])
 def test_bf16_projections_of_qwen3_4b_on_the_gpu(rows):
     gen = torch.Generator(device="cuda").manual_seed(rows)
     for n, k in [(6144, 2560), (19456, 2560), (2560, 4096), (2560, 9728)]:
@@ -58,6 +49,4 @@ def test_bf16_projections_of_qwen3_4b_on_the_gpu(rows):
         ref = x.float() @ weight.float().t()
         for out in (linear(x, weight).float(), linear_partials(x, weight).sum(0)):
             assert (out - ref).abs().max() <= 1e-2 * ref.abs().max()
-    gate_up = torch.randn(rows, 2 * 9728, device="cuda", generator=gen).bfloat16()
-    ref = silu_mul_reference(gate_up).float() @ weight.float().t()
-    assert (linear_partials(gate_up, weight, gated=True).sum(0) - ref).abs().max() <= 1e-2 * ref.abs().max()
+
