@@ -37,10 +37,12 @@ def pack(tokens: torch.Tensor, status: torch.Tensor, logprobs: LogprobBuffers, o
 
 def unpack_rows(rows: np.ndarray, num_top: list[int]) -> list[TokenLogprob]:
     """TokenLogprobs of packed host rows [n, width], row i keeping its first `num_top[i]` top entries.
-    Converts the block to Python numbers in two bulk calls: per-element NumPy access would cost
-    ~8 µs a row, which adds up over a long prompt's logprobs."""
+    Converts only the columns some row reads, in two bulk calls: a long prompt's logprobs are
+    thousands of rows, and per-element work is what costs here."""
     k_max = (rows.shape[1] - HEADER) // 2
-    ints, floats = rows.tolist(), rows.view(np.float32).astype(np.float64).tolist()
-    top = HEADER + k_max
-    return [TokenLogprob(token_id=i[0], logprob=f[2], rank=i[3], logsumexp=f[4], top_ids=i[HEADER:HEADER + k],
-                         top_logprobs=f[top:top + k]) for i, f, k in zip(ints, floats, num_top)]
+    k_used = max(num_top, default=0)
+    ints = rows[:, :HEADER + k_used].tolist()
+    float_columns = [2, 4] + list(range(HEADER + k_max, HEADER + k_max + k_used))
+    floats = rows[:, float_columns].view(np.float32).astype(np.float64).tolist()
+    return [TokenLogprob(token_id=i[0], logprob=f[0], rank=i[3], logsumexp=f[1], top_ids=i[HEADER:HEADER + k],
+                         top_logprobs=f[2:2 + k]) for i, f, k in zip(ints, floats, num_top)]
