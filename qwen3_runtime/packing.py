@@ -11,6 +11,9 @@ Logprob columns of rows that did not ask for logprobs are stale and never read.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Optional, Union
+
 import numpy as np
 import torch
 
@@ -46,3 +49,31 @@ def unpack_rows(rows: np.ndarray, num_top: list[int]) -> list[TokenLogprob]:
     floats = rows[:, float_columns].view(np.float32).astype(np.float64).tolist()
     return [TokenLogprob(token_id=i[0], logprob=f[0], rank=i[3], logsumexp=f[1], top_ids=i[HEADER:HEADER + k],
                          top_logprobs=f[2:2 + k]) for i, f, k in zip(ints, floats, num_top)]
+
+
+class PackedLogprobs(Sequence):
+    """Logprob entries kept as packed rows and built into a TokenLogprob only when read: for a long
+    prompt, creating thousands of Python objects up front would cost more than computing them.
+    Entries [0, leading) are None (a prompt's first token has no logprob), as are failed rows (status)."""
+
+    def __init__(self, rows: np.ndarray, num_top: int, leading: int = 0) -> None:
+        self.rows, self.num_top, self.leading = rows, num_top, leading
+
+    def __len__(self) -> int:
+        return self.leading + len(self.rows)
+
+    def __getitem__(self, index: Union[int, slice]) -> Union[Optional[TokenLogprob], list[Optional[TokenLogprob]]]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(len(self)))]
+        position = index + len(self) if index < 0 else index
+        if not 0 <= position < len(self):
+            raise IndexError(f"index {index} is out of range for {len(self)} entries")
+        row = position - self.leading
+        if row < 0 or self.rows[row, 1]:
+            return None
+        return unpack_rows(self.rows[row:row + 1], [self.num_top])[0]
+
+    def count(self, value: object) -> int:
+        if value is None:  # without building every entry
+            return self.leading + int(np.count_nonzero(self.rows[:, 1]))
+        return super().count(value)

@@ -7,7 +7,9 @@ same sampling / reduction / packing for each prompt's last position.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
+from itertools import groupby
 from typing import Optional
 
 import numpy as np
@@ -19,7 +21,7 @@ from qwen3_runtime.kv_cache import cdiv
 from qwen3_runtime.logprobs import LogprobBuffers, TokenLogprob, reduce_logprobs, token_logprob_from_row
 from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops.decode_attention import default_num_splits
-from qwen3_runtime.packing import pack, packed_width, unpack_rows
+from qwen3_runtime.packing import PackedLogprobs, pack, packed_width, unpack_rows
 from qwen3_runtime.sampler import processed_logits, sample
 from qwen3_runtime.sequence import Sequence
 from qwen3_runtime.step_inputs import RequestRow, StepInputs
@@ -114,12 +116,13 @@ class ModelRunner:
 
     def _prompt_logprobs(self, seqs: list[Sequence], hidden: torch.Tensor, cu_seqlens: list[int]) -> None:
         """Logprobs of prompt tokens 1..n-1 (token 0 has no context), raw, `prompt_chunk_size` positions
-        at a time: at most [chunk, V] logits exist at once, one compact copy per chunk."""
+        at a time: at most [chunk, V] logits exist at once, one compact copy per chunk. Device results
+        stay packed (PackedLogprobs) until read."""
         todo = []  # (sequence, row in `hidden`, the prompt token that follows)
         for seq, start in zip(seqs, cu_seqlens):
             if seq.needs_prompt_logprobs:
-                seq.prompt_logprobs = [None]
                 todo += [(seq, start + p, seq.prompt[p + 1]) for p in range(len(seq.prompt) - 1)]
+        pieces: dict[int, list] = {seq.request_id: [] for seq in seqs if seq.needs_prompt_logprobs}
         chunk = self.lp_config.prompt_chunk_size
         for begin in range(0, len(todo), chunk):
             part = todo[begin:begin + chunk]
@@ -130,20 +133,32 @@ class ModelRunner:
                 results = [self._from_full_row(logits[i], t, k) for i, (t, k) in enumerate(zip(targets, ks))]
             else:
                 results = self._reduce_chunk(logits, targets, ks)
-            for (seq, _, _), result in zip(part, results):
-                seq.prompt_logprobs.append(result)
-                if result is None:
+            for request_id, rows in groupby(range(len(part)), key=lambda i: part[i][0].request_id):
+                rows = list(rows)
+                pieces[request_id].append(results[rows[0]:rows[-1] + 1])
+        for seq in seqs:
+            if seq.request_id in pieces:
+                seq.prompt_logprobs = self._assemble(pieces[seq.request_id], seq.params.prompt_logprobs)
+                if seq.prompt_logprobs.count(None) > 1:
                     seq.error = NOT_FINITE
 
-    def _reduce_chunk(self, logits: torch.Tensor, targets: list[int], ks: list[int]) -> list[Optional[TokenLogprob]]:
+    def _assemble(self, pieces: list, k: int) -> Seq[Optional[TokenLogprob]]:
+        """One request's prompt logprobs: packed device blocks stay packed; host-path pieces are lists."""
+        if all(isinstance(piece, np.ndarray) for piece in pieces):
+            width = self.packed.shape[1]
+            return PackedLogprobs(np.concatenate(pieces) if pieces else np.empty((0, width), np.int32), k, leading=1)
+        return [None] + [entry for piece in pieces
+                         for entry in (PackedLogprobs(piece, k) if isinstance(piece, np.ndarray) else piece)]
+
+    def _reduce_chunk(self, logits: torch.Tensor, targets: list[int], ks: list[int]) -> np.ndarray:
+        """The chunk's packed rows, copied out of the pinned buffer."""
         rows = len(targets)
         out, packed = self.prompt_logprobs.head(rows), self.packed[:rows]
         target_ids = self._tensor(targets)
         reduce_logprobs(logits, target_ids, self._tensor(ks), self.k_max, out=out)
         pack(target_ids, out.status, out, packed)
         self.packed_host[:rows].copy_(packed, non_blocking=True)
-        host = self._wait_for_copy(rows)[:rows]
-        return [None if status else lp for status, lp in zip(host[:, 1].tolist(), unpack_rows(host, ks))]
+        return self._wait_for_copy(rows)[:rows].copy()
 
     def _sample_and_reduce(self, logits: torch.Tensor, batch: int, variant: str) -> torch.Tensor:
         """Sample, reduce the rows that asked for logprobs, pack it all into `self.packed[:batch]`.

@@ -1,6 +1,7 @@
 """A request's state as it moves through the scheduler."""
 from __future__ import annotations
 
+from collections import abc
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Optional
@@ -26,7 +27,7 @@ class Sequence:
     seed: int  # the request's seed, or one drawn at submission
     output: list[int] = field(default_factory=list)
     logprobs: list[Optional[TokenLogprob]] = field(default_factory=list)
-    prompt_logprobs: Optional[list[Optional[TokenLogprob]]] = None
+    prompt_logprobs: Optional[abc.Sequence[Optional[TokenLogprob]]] = None
     block_table: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: Optional[str] = None  # stop | length | error
@@ -70,7 +71,7 @@ class RequestOutput:
     prompt_token_ids: list[int]
     token_ids: list[int]
     logprobs: Optional[list[Optional[TokenLogprob]]]
-    prompt_logprobs: Optional[list[Optional[TokenLogprob]]]
+    prompt_logprobs: Optional[abc.Sequence[Optional[TokenLogprob]]]
     finish_reason: Optional[str]
     error: Optional[str] = None
     metrics: Optional[RequestMetrics] = None

@@ -55,35 +55,41 @@ def matrix(runtimes: dict[str, Runtime], concurrency: list[int], prompt_len: int
 
 
 def mixed(runtimes: dict[str, Runtime], prompt_len: int, max_tokens: int, repeats: int) -> list[dict]:
-    """Concurrency 8 with exactly one logprobs=5 request: what the other seven rows pay."""
+    """Concurrency 8 with exactly one logprobs=5 request: what the other seven rows pay. The two
+    batches alternate run by run, so drift in the machine's speed hits both alike."""
     rows = []
     for path, rt in runtimes.items():
         base = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
         one = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=5)
-        for label, params in (("all off", [base] * 8), ("one logprobs=5", [one] + [base] * 7)):
-            runs = [_run(rt, _prompts(rt, 8, prompt_len, r), params) for r in range(repeats)]
+        batches = {"all off": [base] * 8, "one logprobs=5": [one] + [base] * 7}
+        runs = {label: [] for label in batches}
+        for r in range(repeats):
+            for label, params in batches.items():
+                runs[label].append(_run(rt, _prompts(rt, 8, prompt_len, r), params))
+        for label, label_runs in runs.items():
             rows.append({"path": path, "batch": label,
-                         "others_tpot_ms": statistics.median(statistics.median(r["tpot_ms"][1:]) for r in runs),
-                         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs)})
+                         "others_tpot_ms": statistics.median(statistics.median(r["tpot_ms"][1:]) for r in label_runs),
+                         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in label_runs)})
             print(f"mixed {path:6s} {label:15s}: other rows' TPOT {rows[-1]['others_tpot_ms']:.2f} ms, "
                   f"{rows[-1]['tokens_per_s']:.0f} tok/s", flush=True)
     return rows
 
 
 def prompt_logprobs(runtimes: dict[str, Runtime], length: int, repeats: int) -> list[dict]:
+    """Prefill time of one prompt with and without prompt logprobs, alternating, after one warm-up each."""
     rows = []
     for path, rt in runtimes.items():
         prompt = _prompts(rt, 1, length, 7)
-        for k in (None, 5):
-            params = SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=k)
-            times = []
-            for _ in range(repeats + 1):
+        times: dict = {None: [], 5: []}
+        for _ in range(repeats + 1):
+            for k in times:
                 torch.cuda.synchronize()
                 start = time.perf_counter()
-                rt.generate(prompt, params)
-                times.append(1e3 * (time.perf_counter() - start))
+                rt.generate(prompt, SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=k))
+                times[k].append(1e3 * (time.perf_counter() - start))
+        for k, ms in times.items():
             rows.append({"path": path, "prompt_logprobs": k, "prompt_len": length,
-                         "prefill_ms": statistics.median(times[1:])})
+                         "prefill_ms": statistics.median(ms[1:])})
             print(f"prompt logprobs={k} {path}: prefill {rows[-1]['prefill_ms']:.1f} ms", flush=True)
     return rows
 
@@ -112,11 +118,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="qwen3-4b")
     parser.add_argument("--quick", action="store_true", help="fewer tokens and one repetition")
+    parser.add_argument("--repeats", type=int, default=3, help="repetitions (medians); --quick makes it 1")
     parser.add_argument("--parts", nargs="+", default=["matrix", "mixed", "prompt", "copies"],
                         choices=["matrix", "mixed", "prompt", "copies"])
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
-    max_tokens, repeats = (64, 1) if args.quick else (256, 3)
+    max_tokens, repeats = (64, 1) if args.quick else (256, args.repeats)
     overrides = {"engine.max_model_len": 2048, "engine.max_num_seqs": 32, "engine.gpu_memory_utilization": 0.4}
     runtimes = {path: Runtime.from_yaml(args.config, overrides={**overrides, "logprobs.path": path})
                 for path in ("device", "host")}

@@ -1,11 +1,12 @@
 import numpy as np
+import pytest
 import torch
 
 from qwen3_runtime.logprobs import LogprobBuffers
-from qwen3_runtime.packing import pack, packed_width, unpack_rows
+from qwen3_runtime.packing import PackedLogprobs, pack, packed_width, unpack_rows
 
 
-def test_pack_round_trip():
+def _packed_pair():
     k = 3
     buffers = LogprobBuffers.allocate(2, k, 100, "cpu")
     buffers.logprob.copy_(torch.tensor([-0.5, -1.25]))
@@ -15,9 +16,24 @@ def test_pack_round_trip():
     buffers.top_logprobs.copy_(torch.tensor([[-0.5, -1.0, -2.0], [-0.25, -3.0, float("-inf")]]))
     out = torch.full((2, packed_width(k)), -7, dtype=torch.int32)
     pack(torch.tensor([4, 11]), torch.tensor([False, True]), buffers, out)
-    host = out.numpy()
-    assert packed_width(k) == 11 and host[:, :2].tolist() == [[4, 0], [11, 1]]
+    return out.numpy()
+
+
+def test_pack_round_trip():
+    host = _packed_pair()
+    assert packed_width(3) == 11 and host[:, :2].tolist() == [[4, 0], [11, 1]]
     first, second = unpack_rows(host, [2, 3])
     assert (first.token_id, first.logprob, first.rank, first.logsumexp) == (4, -0.5, 1, 3.0)
     assert first.top_ids == [4, 2] and first.top_logprobs == [-0.5, -1.0]
     assert second.top_ids == [1, 0, -1] and np.isneginf(second.top_logprobs[2])
+
+
+def test_packed_logprobs_build_entries_on_read():
+    host = _packed_pair()
+    entries = PackedLogprobs(host, 2, leading=1)
+    assert len(entries) == 3 and entries[0] is None
+    assert entries[1] == unpack_rows(host[:1], [2])[0] == entries[-2]
+    assert entries[2] is None  # status 1: a failed row
+    assert entries.count(None) == 2 and entries[1:] == [entries[1], None] and list(entries)[0] is None
+    with pytest.raises(IndexError):
+        entries[3]
