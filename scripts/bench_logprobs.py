@@ -34,20 +34,22 @@ def _run(rt: Runtime, prompts: list[list[int]], params: list[SamplingParams]) ->
 
 def matrix(runtimes: dict[str, Runtime], concurrency: list[int], prompt_len: int, max_tokens: int,
            repeats: int) -> list[dict]:
+    """TPOT per (concurrency, logprobs, path). At each concurrency the settings take turns run by run,
+    so drift in the machine's speed lands on every setting alike."""
+    settings = [(None, "device"), (1, "device"), (1, "host"), (5, "device"), (5, "host")]  # off: same step
     rows = []
     for c in concurrency:
-        for k in (None, 1, 5):
-            for path, rt in runtimes.items():
-                if k is None and path == "host":  # logprobs off: the two paths run the same step
-                    continue
+        runs: dict = {setting: [] for setting in settings}
+        for r in range(repeats):
+            for k, path in settings:
                 params = [SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=k)] * c
-                runs = [_run(rt, _prompts(rt, c, prompt_len, r), params) for r in range(repeats)]
-                row = {"concurrency": c, "logprobs": k, "path": path if k is not None else "-",
-                       "tpot_ms": statistics.median(statistics.median(r["tpot_ms"]) for r in runs),
-                       "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs)}
-                rows.append(row)
-                print(f"c={c:2d} logprobs={str(k):4s} {row['path']:6s}: TPOT {row['tpot_ms']:.2f} ms, "
-                      f"{row['tokens_per_s']:.0f} tok/s", flush=True)
+                runs[(k, path)].append(_run(runtimes[path], _prompts(runtimes[path], c, prompt_len, r), params))
+        for (k, path), setting_runs in runs.items():
+            rows.append({"concurrency": c, "logprobs": k, "path": path if k is not None else "-",
+                         "tpot_ms": statistics.median(statistics.median(r["tpot_ms"]) for r in setting_runs),
+                         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in setting_runs)})
+            print(f"c={c:2d} logprobs={str(k):4s} {rows[-1]['path']:6s}: TPOT {rows[-1]['tpot_ms']:.2f} ms, "
+                  f"{rows[-1]['tokens_per_s']:.0f} tok/s", flush=True)
     for row in rows:  # ratios against logprobs off, inside this run
         off = next(r for r in rows if r["concurrency"] == row["concurrency"] and r["logprobs"] is None)
         row["tpot_vs_off"] = row["tpot_ms"] / off["tpot_ms"]

@@ -1,7 +1,9 @@
-"""Collect the JSON results of scripts/gpu_check.sh into docs/benchmarks.json and docs/BENCHMARKS.md.
+"""Collect the JSON results of scripts/gpu_check.sh into docs/benchmarks.json, docs/BENCHMARKS.md and
+the PNG plots beside them.
 
-Usage: python -m scripts.write_report RESULT_DIR [RESULT_DIR ...] [--notes docs/notes.md]
-Later directories win for the keys of a result they share; each table names the run it comes from.
+Usage: python -m scripts.write_report RESULT_DIR [RESULT_DIR ...] [--notes docs/benchmark-notes.md]
+Later directories win for the parts of a result they share; every table names the run (commit, date,
+repetitions) its part comes from.
 """
 from __future__ import annotations
 
@@ -10,80 +12,225 @@ import json
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parents[1] / "docs"
+RUN_KEYS = ("commit", "gpu", "torch", "triton", "date", "repeats", "max_tokens", "prompt_len", "config")
+# Files whose parts may come from different runs (bench_logprobs --parts, bench_kernels --parts).
+PARTED = {"logprobs.json": ("matrix", "mixed", "prompt", "copies"), "kernels.json": ("gemm", "attention")}
 
 
-def _provenance(result: dict) -> str:
-    commit = result.get("commit") or result.get("git_commit") or "unknown"
-    return f"commit `{commit}`, {result.get('gpu')}, torch {result.get('torch')}, triton {result.get('triton')}, {result.get('date')}"
+def load(dirs: list[Path]) -> dict:
+    """{file: {...}}; parted files keep {part: {"run": run keys, "rows": rows}}."""
+    results: dict = {}
+    for d in dirs:
+        for path in sorted(d.glob("*.json")):
+            data = json.loads(path.read_text())
+            run = {k: data[k] for k in RUN_KEYS if k in data}
+            if path.name in PARTED:
+                entry = results.setdefault(path.name, {})
+                entry.update({part: {"run": run, "rows": data[part]} for part in PARTED[path.name] if part in data})
+            else:
+                results[path.name] = data
+    return results
 
 
-def _decode(r: dict) -> list[str]:
-    lines = [f"## Decode TPOT, {r['config']} (random bf16 weights), greedy, {r['prompt_len']}-token prompts, "
-             f"{r['max_tokens']} output tokens, median of {r['repeats']}", "", _provenance(r), "",
-             "| mode | batch | TPOT ms | TTFT ms | output tokens/s |", "|---|---|---|---|---|"]
-    lines += [f"| {row.get('mode', 'eager')} | {row['batch']} | {row['tpot_ms']:.2f} | {row['ttft_ms']:.1f} | "
-              f"{row['tokens_per_s']:.0f} |" for row in r["rows"]]
+def _run(r: dict) -> str:
+    extra = f", median of {r['repeats']}" if "repeats" in r else ""
+    return (f"commit `{r.get('commit', 'unknown')}`, {r.get('gpu')}, torch {r.get('torch')}, triton {r.get('triton')}, "
+            f"{r.get('date')}{extra}")
+
+
+def _table(header: list[str], rows: list[list]) -> list[str]:
+    return ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)] + ["| " + " | ".join(map(str, r)) + " |"
+                                                                          for r in rows]
+
+
+def _ours(decode: dict, batch: int) -> dict:
+    return next(r for r in decode["rows"] if r["mode"] == "graph" and r["batch"] == batch)
+
+
+def targets(results: dict) -> list[str]:
+    """Issue 5's targets against the measured figures."""
+    rows = []
+    lp = results.get("logprobs.json", {})
+    if "matrix" in lp:
+        m = lp["matrix"]["rows"]
+        for c in (1, 8, 32):
+            ratio = next(r["tpot_vs_off"] for r in m if r["concurrency"] == c and r["logprobs"] == 5
+                         and r["path"] == "device")
+            rows.append([f"logprobs=5 TPOT / off, concurrency {c}", "≤ 1.02", f"{ratio:.3f}", _mark(ratio <= 1.02)])
+    if "mixed" in lp:
+        mixed = {r["batch"]: r["others_tpot_ms"] for r in lp["mixed"]["rows"] if r["path"] == "device"}
+        ratio = mixed["one logprobs=5"] / mixed["all off"]
+        rows.append(["mixed batch of 8: other rows' TPOT / all off", "≤ 1.01", f"{ratio:.3f}", _mark(ratio <= 1.01)])
+    if "prompt" in lp:
+        p = {r["prompt_logprobs"]: r["prefill_ms"] for r in lp["prompt"]["rows"] if r["path"] == "device"}
+        extra = p[5] / p[None] - 1
+        rows.append(["prompt logprobs (5) on 1024 tokens: extra prefill time", "≤ 5%", f"{100 * extra:.1f}%",
+                     _mark(extra <= 0.05)])
+    if "copies" in lp:
+        dev = [r for r in lp["copies"]["rows"] if r["path"] == "device"]
+        ok = all(r["d2h_copies_per_step"] == 1 and r["host_syncs_per_step"] == 1 for r in dev)
+        rows.append(["device-to-host copies / syncs per decode step", "1 / 1",
+                     " ; ".join(f"{r['d2h_copies_per_step']:g} / {r['host_syncs_per_step']:g}" for r in dev), _mark(ok)])
+    if "decode.json" in results:
+        d = results["decode.json"]
+        ratio = _ours(d, 1)["tpot_ms"] / d["floor_ms"]
+        rows.append(["decode TPOT / weight-read floor, batch 1", "≤ 1.25", f"{ratio:.2f}", _mark(ratio <= 1.25)])
+        for r in d["rows"]:
+            if "speedup_of_ours" in r:
+                rows.append([f"speed-up over transformers static cache, batch {r['batch']}", "≥ 2.5×",
+                             f"{r['speedup_of_ours']:.2f}×", _mark(r["speedup_of_ours"] >= 2.5)])
+    return ["## Issue 5's targets", ""] + _table(["target", "bar", "measured", ""], rows)
+
+
+def _mark(ok: bool) -> str:
+    return "met" if ok else "**missed**"
+
+
+def decode(d: dict) -> list[str]:
+    lines = [f"## Decode TPOT, {d['config']} (random bf16 weights), greedy, {d['prompt_len']}-token prompts, "
+             f"{d['max_tokens']} output tokens", "", _run(d), "",
+             f"Weight-read floor: {d['weight_bytes'] / 1e9:.2f} GB of weights / {d['copy_bandwidth_bytes_s'] / 1e12:.2f} "
+             f"TB/s device-to-device copy bandwidth (same run) = **{d['floor_ms']:.3f} ms**. "
+             "![TPOT against the floor](decode_vs_floor.png)", ""]
+    rows = [[r["mode"], r["batch"], f"{r['tpot_ms']:.2f}", f"{r['vs_floor']:.2f}",
+             f"{r['ttft_ms']:.1f}" if "ttft_ms" in r else "–", f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else "–",
+             f"{r['speedup_of_ours']:.2f}×" if "speedup_of_ours" in r else "–"] for r in d["rows"]]
+    return lines + _table(["mode", "batch", "TPOT ms", "× floor", "TTFT ms", "output tokens/s",
+                           "ours (graph) is faster by"], rows)
+
+
+def profile(p: dict) -> list[str]:
+    lines = [f"## Where a decode step's time goes ({p['config']}, torch.profiler over CUDA-graph replays)", "",
+             _run(p), "", "wall: engine steps (host work included); replay: the graph alone (CUDA events); kernels: "
+             "sum of kernel times, so replay − kernels is launch gaps and wall − replay is host work.", ""]
+    lines += _table(["batch", "wall ms", "replay ms", "kernels ms", "launches", "host ms", "gaps ms"],
+                    [[r["batch"], f"{r['wall_ms']:.3f}", f"{r['replay_ms']:.3f}", f"{r['kernel_ms']:.3f}",
+                      f"{r['launches']:.0f}", f"{r['wall_ms'] - r['replay_ms']:.3f}",
+                      f"{r['replay_ms'] - r['kernel_ms']:.3f}"] for r in p["rows"]])
+    for r in p["rows"]:
+        if r["batch"] in (1, 32):
+            lines += ["", f"Kernels per step at batch {r['batch']}:", ""]
+            lines += _table(["kernel", "launches", "µs per step"],
+                            [[k["kernel"], f"{k['launches']:.0f}", f"{k['us']:.1f}"] for k in r["kernels"][:8]])
     return lines
 
 
-def _reduce(r: dict) -> list[str]:
-    lines = ["## Logprobs reduction, V = 151936 (CUDA-graph replay medians, µs per call)", "", _provenance(r),
-             f"; device-to-device copy {r['copy_bandwidth_bytes_s'] / 1e12:.2f} TB/s measured in the same run", "",
-             "| logits | N | k | reduce µs | floor µs | achieved TB/s | eager PyTorch µs | speed-up | host path µs |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for row in r["results"]:
-        host = f"{row['host_us']:.0f}" if row.get("host_us") else "–"
-        lines.append(f"| {row['dtype']} | {row['n_rows']} | {row['k']} | {row['reduce_us']:.1f} | {row['floor_us']:.2f} | "
-                     f"{row['achieved_tb_s']:.2f} | {row['eager_us']:.1f} | {row['speedup_vs_eager']:.1f}× | {host} |")
+def kernels(k: dict) -> list[str]:
+    lines = ["## Kernel decisions (scripts/bench_kernels.py, CUDA-graph replay medians, µs)"]
+    if "gemm" in k:
+        lines += ["", "Qwen3-4B projections, weights cycled past L2: cuBLAS against ops/linear.py (`linear` for "
+                  "qkv / gate_up, split-K `linear_partials` for o / down).", "", _run(k["gemm"]["run"]), ""]
+        lines += _table(["projection", "rows", "floor µs", "cuBLAS µs", "ours µs", "ours % of floor"],
+                        [[r["shape"], r["m"], f"{r['floor_us']:.1f}", f"{r['cublas_us']:.1f}", f"{r['ours_us']:.1f}",
+                          f"{100 * r['floor_us'] / r['ours_us']:.0f}%"] for r in k["gemm"]["rows"]])
+    if "attention" in k:
+        lines += ["", "Paged decode attention (32 q / 8 kv heads, head_dim 128, pages of 16), two programs per SM:",
+                  "", _run(k["attention"]["run"]), ""]
+        att = [r for r in k["attention"]["rows"] if r["programs_per_sm"] == 2]
+        cases = sorted({(r["batch"], r["seq_len"]) for r in att})
+        by = {(r["batch"], r["seq_len"], r["block_n"]): r for r in att}
+        lines += _table(["batch", "tokens/row", "floor µs", "tile 16", "tile 32", "tile 64"],
+                        [[b, n, f"{by[(b, n, 32)]['floor_us']:.1f}"] + [f"{by[(b, n, t)]['us']:.1f}" for t in (16, 32, 64)]
+                         for b, n in cases])
     return lines
 
 
-def _lm_head(r: dict) -> list[str]:
-    lines = ["## fp32 logits: the lm_head written in fp32 vs bf16 (Qwen3-4B shape, µs per step)", "", _provenance(r), "",
-             "| batch | fp32 out | bf16 out | bf16 out + .float() | max rel err fp32 out | max rel err bf16 out |",
-             "|---|---|---|---|---|---|"]
-    lines += [f"| {row['batch']} | {row['fp32_out_us']:.1f} | {row['bf16_out_us']:.1f} | {row['bf16_then_float_us']:.1f} | "
-              f"{row['fp32_out_rel_err']:.1e} | {row['bf16_out_rel_err']:.1e} |" for row in r["rows"]]
-    return lines
-
-
-def _parity(r: dict) -> list[str]:
-    return [f"## bf16 parity with transformers on the GPU ({r['config']} shape, random weights, "
-            f"{r['prompt_len']}-token prompt)", "", _provenance(r), "",
-            "| max abs err | max rel err (of max abs logit) | decode step max rel err | mean abs err | argmax agreement |",
-            "|---|---|---|---|---|",
-            f"| {r['max_abs_err']:.3g} | {r['max_rel_err']:.2e} | {r['decode_max_rel_err']:.2e} | "
-            f"{r['mean_abs_err']:.2e} | {100 * r['argmax_agreement']:.1f}% |"]
-
-
-def _logprobs(r: dict) -> list[str]:
+def logprobs(lp: dict) -> list[str]:
     lines = []
-    if "matrix" in r:
-        lines += _logprobs_matrix(r)
-    if "copies" in r:
-        lines += ["", "Per decode step, counted by torch.profiler", "",
-                  "| path | logprobs | concurrency | device-to-host copies | bytes | host syncs |", "|---|---|---|---|---|---|"]
-        lines += [f"| {x['path']} | {x['logprobs']} | {x['concurrency']} | {x['d2h_copies_per_step']:.1f} | "
-                  f"{x['d2h_bytes_per_step']:.0f} | {x['host_syncs_per_step']:.1f} |" for x in r["copies"]]
+    if "matrix" in lp:
+        run = lp["matrix"]["run"]
+        lines += [f"## Logprobs end to end, {run['config']} (random bf16 weights), greedy, {run['prompt_len']}-token "
+                  f"prompts, {run['max_tokens']} output tokens", "", _run(run), "",
+                  "![TPOT against concurrency](tpot_vs_concurrency.png)", ""]
+        lines += _table(["concurrency", "logprobs", "path", "TPOT ms", "TPOT / logprobs off", "output tokens/s"],
+                        [[r["concurrency"], "off" if r["logprobs"] is None else r["logprobs"], r["path"],
+                          f"{r['tpot_ms']:.2f}", f"{r['tpot_vs_off']:.3f}", f"{r['tokens_per_s']:.0f}"]
+                         for r in lp["matrix"]["rows"]])
+    if "mixed" in lp:
+        lines += ["", "Concurrency 8 with exactly one logprobs=5 request: what the seven other rows pay (the two "
+                  "batches alternate run by run)", "", _run(lp["mixed"]["run"]), ""]
+        lines += _table(["path", "batch", "other rows' TPOT ms", "output tokens/s"],
+                        [[r["path"], r["batch"], f"{r['others_tpot_ms']:.2f}", f"{r['tokens_per_s']:.0f}"]
+                         for r in lp["mixed"]["rows"]])
+    if "prompt" in lp:
+        lines += ["", "Prompt logprobs on a 1024-token prompt (with and without alternate)", "",
+                  _run(lp["prompt"]["run"]), ""]
+        lines += _table(["path", "prompt_logprobs", "prefill ms"],
+                        [[r["path"], r["prompt_logprobs"], f"{r['prefill_ms']:.1f}"] for r in lp["prompt"]["rows"]])
+    if "copies" in lp:
+        lines += ["", "Per decode step, counted by torch.profiler (not by the runtime's own counters)", "",
+                  _run(lp["copies"]["run"]), ""]
+        lines += _table(["path", "logprobs", "concurrency", "device-to-host copies", "bytes", "host syncs"],
+                        [[r["path"], r["logprobs"], r["concurrency"], f"{r['d2h_copies_per_step']:.1f}",
+                          f"{r['d2h_bytes_per_step']:.0f}", f"{r['host_syncs_per_step']:.1f}"] for r in lp["copies"]["rows"]])
     return lines
 
 
-def _logprobs_matrix(r: dict) -> list[str]:
-    lines = [f"## Logprobs end to end, {r['config']} (random bf16 weights), greedy, {r['prompt_len']}-token prompts, "
-             f"{r['max_tokens']} output tokens, median of {r['repeats']}", "", _provenance(r), "",
-             "| concurrency | logprobs | path | TPOT ms | TPOT / logprobs off | output tokens/s |", "|---|---|---|---|---|---|"]
-    lines += [f"| {x['concurrency']} | {x['logprobs'] if x['logprobs'] is not None else 'off'} | {x['path']} | "
-              f"{x['tpot_ms']:.2f} | {x['tpot_vs_off']:.3f} | {x['tokens_per_s']:.0f} |" for x in r["matrix"]]
-    lines += ["", "Concurrency 8 with one logprobs=5 request: what the seven other rows pay", "",
-              "| path | batch | other rows' TPOT ms | output tokens/s |", "|---|---|---|---|"]
-    lines += [f"| {x['path']} | {x['batch']} | {x['others_tpot_ms']:.2f} | {x['tokens_per_s']:.0f} |" for x in r["mixed"]]
-    lines += ["", "Prompt logprobs on a 1024-token prompt", "", "| path | prompt_logprobs | prefill ms |", "|---|---|---|"]
-    lines += [f"| {x['path']} | {x['prompt_logprobs']} | {x['prefill_ms']:.1f} |" for x in r["prompt"]]
-    return lines
+def reduce(r: dict) -> list[str]:
+    lines = ["## Logprobs reduction, V = 151936 (CUDA-graph replay medians, µs per call)", "", _run(r),
+             f"; device-to-device copy {r['copy_bandwidth_bytes_s'] / 1e12:.2f} TB/s measured in the same run", ""]
+    return lines + _table(["logits", "N", "k", "reduce µs", "floor µs", "achieved TB/s", "eager PyTorch µs", "speed-up",
+                           "host path µs"],
+                          [[x["dtype"], x["n_rows"], x["k"], f"{x['reduce_us']:.1f}", f"{x['floor_us']:.2f}",
+                            f"{x['achieved_tb_s']:.2f}", f"{x['eager_us']:.1f}", f"{x['speedup_vs_eager']:.1f}×",
+                            f"{x['host_us']:.0f}" if x.get("host_us") else "–"] for x in r["results"]])
 
 
-SECTIONS = {"decode.json": _decode, "reduce.json": _reduce, "lm_head.json": _lm_head, "parity.json": _parity,
-            "logprobs.json": _logprobs}
+def lm_head(r: dict) -> list[str]:
+    lines = ["## fp32 logits: the lm_head written in fp32 vs bf16 (Qwen3-4B shape, µs per step)", "", _run(r), ""]
+    return lines + _table(["batch", "fp32 out", "bf16 out", "bf16 out + .float()", "max rel err fp32 out",
+                           "max rel err bf16 out"],
+                          [[x["batch"], f"{x['fp32_out_us']:.1f}", f"{x['bf16_out_us']:.1f}",
+                            f"{x['bf16_then_float_us']:.1f}", f"{x['fp32_out_rel_err']:.1e}",
+                            f"{x['bf16_out_rel_err']:.1e}"] for x in r["rows"]])
+
+
+def parity(r: dict) -> list[str]:
+    lines = [f"## bf16 parity with transformers on the GPU ({r['config']} shape, random weights, "
+             f"{r['prompt_len']}-token prompt)", "", _run(r), ""]
+    return lines + _table(["max abs err", "max rel err (of max abs logit)", "decode step max rel err", "mean abs err",
+                           "argmax agreement"],
+                          [[f"{r['max_abs_err']:.3g}", f"{r['max_rel_err']:.2e}", f"{r['decode_max_rel_err']:.2e}",
+                            f"{r['mean_abs_err']:.2e}", f"{100 * r['argmax_agreement']:.1f}%"]])
+
+
+SECTIONS = {"decode.json": decode, "profile.json": profile, "kernels.json": kernels, "logprobs.json": logprobs,
+            "reduce.json": reduce, "lm_head.json": lm_head, "parity.json": parity}
+
+
+def plots(results: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    if "matrix" in results.get("logprobs.json", {}):
+        rows = results["logprobs.json"]["matrix"]["rows"]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for (k, path), style in zip([(None, "-"), (1, "device"), (5, "device"), (1, "host"), (5, "host")],
+                                    ["k-o", "b-s", "b--^", "r-s", "r--^"]):
+            pts = sorted((r["concurrency"], r["tpot_ms"]) for r in rows if r["logprobs"] == k and r["path"] == path)
+            ax.plot(*zip(*pts), style, label="logprobs off" if k is None else f"logprobs={k}, {path} path")
+        ax.set(xscale="log", yscale="log", xlabel="concurrency", ylabel="TPOT (ms)",
+               title="Qwen3-4B decode TPOT by logprobs setting and path (H200)")
+        ax.set_xticks([1, 8, 32], ["1", "8", "32"])
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(DOCS / "tpot_vs_concurrency.png", dpi=120)
+    if "decode.json" in results:
+        d = results["decode.json"]
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for mode, style in (("graph", "b-o"), ("transformers static cache", "r-s")):
+            pts = sorted((r["batch"], r["tpot_ms"]) for r in d["rows"] if r["mode"] == mode)
+            ax.plot(*zip(*pts), style, label="qwen3_runtime (CUDA graphs)" if mode == "graph" else mode)
+        ax.axhline(d["floor_ms"], color="k", linestyle="--", label=f"weight-read floor {d['floor_ms']:.2f} ms")
+        ax.axhline(1.25 * d["floor_ms"], color="gray", linestyle=":", label="1.25 × floor")
+        ax.set(xscale="log", xlabel="batch", ylabel="TPOT (ms)", ylim=(0, None),
+               title="Qwen3-4B decode TPOT against the weight-read floor (H200)")
+        ax.set_xticks([1, 8, 32, 64], ["1", "8", "32", "64"])
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(DOCS / "decode_vs_floor.png", dpi=120)
 
 
 def main() -> None:
@@ -91,14 +238,10 @@ def main() -> None:
     parser.add_argument("dirs", nargs="+", type=Path)
     parser.add_argument("--notes", type=Path, help="markdown appended after the tables (analysis)")
     args = parser.parse_args()
-    results = {}
-    for d in args.dirs:
-        for name in SECTIONS:
-            for path in (d / name, d / "bench" / name):
-                if path.is_file():  # a later run's keys replace an earlier run's
-                    results[name] = {**results.get(name, {}), **json.loads(path.read_text())}
-    lines = ["# Benchmarks", "", "Measured on the H200 through the device tool by `scripts/gpu_check.sh`; "
-             "every ratio is taken inside one run. Raw figures: `docs/benchmarks.json`.", ""]
+    results = load(args.dirs)
+    lines = ["# Benchmarks", "", "Measured on the H200 through the device tool by `scripts/gpu_check.sh`; every ratio "
+             "is taken inside one run. Raw figures: `docs/benchmarks.json`. The analysis follows the tables.", ""]
+    lines += targets(results) + [""]
     for name, section in SECTIONS.items():
         if name in results:
             lines += section(results[name]) + [""]
@@ -107,6 +250,7 @@ def main() -> None:
     DOCS.mkdir(exist_ok=True)
     (DOCS / "BENCHMARKS.md").write_text("\n".join(lines))
     (DOCS / "benchmarks.json").write_text(json.dumps(results, indent=1))
+    plots(results)
 
 
 if __name__ == "__main__":
