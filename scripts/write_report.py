@@ -159,7 +159,7 @@ def logprobs(lp: dict) -> list[str]:
                         [[r["path"], r["prompt_logprobs"], f"{r['prefill_ms']:.1f}"] for r in lp["prompt"]["rows"]])
     if "copies" in lp:
         lines += ["", "Per decode step, counted by torch.profiler (not by the runtime's own counters)", "",
-                  _run(lp["copies"]["run"]), ""]
+                  _run({k: v for k, v in lp["copies"]["run"].items() if k != "repeats"}), ""]
         lines += _table(["path", "logprobs", "concurrency", "device-to-host copies", "bytes", "host syncs"],
                         [[r["path"], r["logprobs"], r["concurrency"], f"{r['d2h_copies_per_step']:.1f}",
                           f"{r['d2h_bytes_per_step']:.0f}", f"{r['host_syncs_per_step']:.1f}"] for r in lp["copies"]["rows"]])
@@ -167,8 +167,9 @@ def logprobs(lp: dict) -> list[str]:
 
 
 def reduce(r: dict) -> list[str]:
-    lines = ["## Logprobs reduction, V = 151936 (CUDA-graph replay medians, µs per call)", "", _run(r),
-             f"; device-to-device copy {r['copy_bandwidth_bytes_s'] / 1e12:.2f} TB/s measured in the same run", ""]
+    lines = ["## Logprobs reduction, V = 151936 (CUDA-graph replay medians, µs per call)", "",
+             f"{_run(r)}; device-to-device copy {r['copy_bandwidth_bytes_s'] / 1e12:.2f} TB/s measured in the same run",
+             ""]
     return lines + _table(["logits", "N", "k", "reduce µs", "floor µs", "achieved TB/s", "eager PyTorch µs", "speed-up",
                            "host path µs"],
                           [[x["dtype"], x["n_rows"], x["k"], f"{x['reduce_us']:.1f}", f"{x['floor_us']:.2f}",
