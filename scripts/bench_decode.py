@@ -89,11 +89,12 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--modes", nargs="+", default=["graph", "eager"], choices=["graph", "eager"])
-    parser.add_argument("--quick", action="store_true", help="32 tokens, one repetition, graph mode only")
+    parser.add_argument("--quick", action="store_true",
+                        help="32 tokens, one repetition, graph mode only, transformers at the first --hf-batch only")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     if args.quick:
-        args.max_tokens, args.repeats, args.modes = 32, 1, ["graph"]
+        args.max_tokens, args.repeats, args.modes, args.hf_batch = 32, 1, ["graph"], args.hf_batch[:1]
     bandwidth = copy_bandwidth()
     rows = []
     for mode in args.modes:

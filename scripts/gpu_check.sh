@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # GPU tests and benchmarks, run on the H200 through the device tool; results land under $OUT.
 #   [QUICK=1] bash scripts/gpu_check.sh [tests] [parity] [profile] [decode] [kernels] [reduce] [lm_head] [logprobs]
-#   (default: all)
+#   (default: all; QUICK=1: decode and logprobs with fewer tokens and repetitions, a few minutes)
 # Pass GIT_COMMIT=<sha> (the device machine has no .git) so results name their commit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-steps=${*:-tests parity profile decode kernels reduce lm_head logprobs}
+if [ -n "${QUICK:-}" ]; then default="decode logprobs"; else default="tests parity profile decode kernels reduce lm_head logprobs"; fi
+steps=${*:-$default}
 status=0
 run() { echo "== $*"; "$@" || { status=1; echo "!! failed: $*"; }; }
 exec > >(tee "$OUT/gpu_check.log") 2>&1
@@ -20,7 +21,7 @@ for step in $steps; do
     profile) run python3 -m scripts.profile_decode --config qwen3-4b --batch 1 8 32 64 --out "$OUT" ;;
     decode) run python3 -m scripts.bench_decode --config qwen3-4b ${QUICK:+--quick} --out "$OUT" ;;
     kernels) run python3 -m scripts.bench_kernels --out "$OUT" ;;
-    reduce) run python3 -m scripts.bench_reduce --out "$OUT" ;;
+    reduce) run python3 -m scripts.bench_reduce ${QUICK:+--quick} --out "$OUT" ;;
     lm_head) run python3 -m scripts.bench_lm_head --out "$OUT" ;;
     logprobs) run python3 -m scripts.bench_logprobs ${QUICK:+--quick} --out "$OUT" ;;
     *) echo "unknown step $step"; status=1 ;;
