@@ -84,6 +84,22 @@ def test_prompt_logprobs_match_transformers(make_runtime, tiny_checkpoint):
         assert abs(got.logprob - ref.logprob) < 1e-4
 
 
+def test_prompt_logprobs_of_both_paths_in_one_prefill(make_runtime, tiny_checkpoint):
+    """A full-vocabulary request (host path) sharing prompt chunks with a device-path one: the shared
+    chunk goes to the host path, the device request's later chunks stay packed; both read the same."""
+    rt = make_runtime(tiny_checkpoint, logprobs__max_logprobs=-1, logprobs__prompt_chunk_size=6)
+    host = make_runtime(tiny_checkpoint, logprobs__path="host")
+    prompts = [[5, 9, 2, 7], list(range(30, 60))]
+    params = [SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=-1),
+              SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=3)]
+    full, device = rt.generate(prompts, params)
+    ref = host.generate([prompts[1]], params[1])[0]
+    assert not device.error and len(device.prompt_logprobs) == 30 and device.prompt_logprobs[0] is None
+    for a, b in zip(device.prompt_logprobs[1:], ref.prompt_logprobs[1:]):
+        _assert_close(a, b)
+    assert [len(lp.top_ids) for lp in full.prompt_logprobs[1:]] == [rt.vocab_size] * 3
+
+
 def test_raw_and_processed_modes(make_runtime, tiny_checkpoint):
     rt = make_runtime(tiny_checkpoint)
     base = dict(max_tokens=6, temperature=0.5, seed=11, ignore_eos=True, logprobs=3)
