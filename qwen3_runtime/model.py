@@ -77,7 +77,8 @@ class Attention(nn.Module):
                 kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """The output projection as [S, T, hidden] partial sums (ops/linear.py), for the next norm to add."""
         k_cache, v_cache = kv_cache
-        q, k, v = attention_inputs(linear(x, self.qkv_proj.weight), self.num_heads, self.num_kv_heads,
+        decode = not meta.is_prefill
+        q, k, v = attention_inputs(linear(x, self.qkv_proj.weight, decode), self.num_heads, self.num_kv_heads,
                                    self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, rotary.cos_sin, positions,
                                    k_cache, v_cache, meta.slot_mapping)
         if meta.is_prefill:
@@ -85,7 +86,7 @@ class Attention(nn.Module):
         else:
             out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                          self.scale, meta.num_splits)
-        return linear_partials(out.reshape(x.shape[0], -1), self.o_proj.weight)
+        return linear_partials(out.reshape(x.shape[0], -1), self.o_proj.weight, decode)
 
 
 class MLP(nn.Module):
@@ -94,9 +95,9 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
         """down_proj as [S, T, hidden] partial sums, like Attention's output."""
-        return linear_partials(silu_mul(linear(x, self.gate_up_proj.weight)), self.down_proj.weight)
+        return linear_partials(silu_mul(linear(x, self.gate_up_proj.weight, decode)), self.down_proj.weight, decode)
 
 
 class DecoderLayer(nn.Module):
@@ -146,7 +147,7 @@ class Qwen3ForCausalLM(nn.Module):
         for layer, next_norm, layer_cache in zip(layers, next_norms, kv_cache):
             attn = layer.self_attn(x, positions, self.model.rotary, layer_cache, meta)
             x = layer.post_attention_layernorm(attn, residual)
-            x = next_norm(layer.mlp(x), residual)
+            x = next_norm(layer.mlp(x, decode=not meta.is_prefill), residual)
         return x
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:

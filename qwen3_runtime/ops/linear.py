@@ -6,7 +6,8 @@ SM. cuBLAS reaches 52-79% of the copy bandwidth on Qwen3-4B's projections at 1-1
 N = hidden size), where too few tiles cover the GPU. There each program takes one of `splits`
 slices of K and writes an fp32 partial sum; the partials are added by the next kernel, the
 residual add + RMSNorm (`add_rms_norm`), so the split costs no extra launch and no atomics.
-Larger batches (prefill) go to cuBLAS.
+Larger batches and prefill go to cuBLAS: launched eagerly, a Triton kernel costs more host time
+than a cuBLAS call (decode hides that in its CUDA graph).
 """
 from __future__ import annotations
 
@@ -75,13 +76,13 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
 
 
-def _skinny(x: torch.Tensor) -> bool:
-    return use_triton(x) and 0 < x.shape[0] <= SKINNY_MAX_ROWS
+def _skinny(x: torch.Tensor, decode: bool) -> bool:
+    return decode and use_triton(x) and 0 < x.shape[0] <= SKINNY_MAX_ROWS
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def linear(x: torch.Tensor, weight: torch.Tensor, decode: bool = True) -> torch.Tensor:
     """x [T, K] @ weight[N, K]^T -> [T, N] in x's dtype."""
-    if not _skinny(x):
+    if not _skinny(x, decode):
         return F.linear(x, weight)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     # Wide outputs have tiles to spare: narrower tiles give more programs per SM.
@@ -89,11 +90,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def linear_partials(x: torch.Tensor, weight: torch.Tensor, splits: int | None = None) -> torch.Tensor:
+def linear_partials(x: torch.Tensor, weight: torch.Tensor, decode: bool = True,
+                    splits: int | None = None) -> torch.Tensor:
     """x @ weight^T as [S, T, N] fp32 partial sums over S slices of K ([1, T, N] in x's dtype from
     cuBLAS), for `add_rms_norm` to add up. By default S makes N / 32 column tiles x S fill the GPU,
     with slices of at least 4 K-tiles."""
-    if not _skinny(x):
+    if not _skinny(x, decode):
         return F.linear(x, weight)[None]
     n, k = weight.shape
     block_n = 32

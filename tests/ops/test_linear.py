@@ -25,17 +25,20 @@ def test_linear_matches_the_product(rows, n, k):
 def test_partials_add_up_to_the_product(splits, n, k):
     gen = torch.Generator().manual_seed(splits)
     x, weight = torch.randn(5, k, generator=gen), torch.randn(n, k, generator=gen)
-    parts = linear_partials(x, weight, splits)
+    parts = linear_partials(x, weight, splits=splits)
     # K is cut into slices of whole 128-wide tiles, none empty: 512 columns in 3 slices become 2 of 256.
     assert parts.shape[1:] == (5, n) and 1 <= parts.shape[0] <= splits and parts.dtype == torch.float32
     _close(parts.sum(0), x, weight)
 
 
-def test_larger_batches_and_empty_ones_go_to_the_library():
+def test_larger_batches_prefill_and_empty_ones_go_to_the_library(monkeypatch):
     x, weight = torch.randn(linear_module.SKINNY_MAX_ROWS + 1, 32), torch.randn(16, 32)
     _close(linear(x, weight), x, weight)
     assert linear_partials(x, weight).shape == (1, x.shape[0], 16)
     assert linear(x[:0], weight).shape == (0, 16)
+    monkeypatch.setattr(linear_module, "_launch", None)  # any skinny launch would fail
+    assert linear_partials(x[:2], weight, decode=False).shape == (1, 2, 16)
+    _close(linear(x[:2], weight, decode=False), x[:2], weight)
 
 
 @pytest.mark.gpu
