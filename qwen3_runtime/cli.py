@@ -70,12 +70,11 @@ def _print_output(out: RequestOutput) -> None:
 
 
 def _print_timing(outputs: list[RequestOutput], wall: float) -> None:
-    served = [o for o in outputs if o.metrics and o.metrics.first_token_time is not None]
+    served = [o for o in outputs if o.ttft is not None]
     if not served:
         return
-    ttft = [o.metrics.first_token_time - o.metrics.arrival_time for o in served]
-    tpot = [(o.metrics.finished_time - o.metrics.first_token_time) / (len(o.token_ids) - 1)
-            for o in served if len(o.token_ids) > 1]
+    ttft = [o.ttft for o in served]
+    tpot = [o.tpot for o in served if o.tpot is not None]
     tokens = sum(len(o.token_ids) for o in served)
     print(f"requests {len(served)}  output tokens {tokens}  wall {wall:.3f} s  "
           f"TTFT {1e3 * statistics.median(ttft):.2f} ms  "

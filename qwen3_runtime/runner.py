@@ -20,6 +20,7 @@ from qwen3_runtime.config import Config
 from qwen3_runtime.kv_cache import cdiv
 from qwen3_runtime.logprobs import LogprobBuffers, TokenLogprob, reduce_logprobs, token_logprob_from_row
 from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
+from qwen3_runtime.ops import num_sms
 from qwen3_runtime.ops.decode_attention import default_num_splits
 from qwen3_runtime.packing import PackedLogprobs, pack, packed_width, unpack_rows
 from qwen3_runtime.sampler import processed_logits, sample
@@ -57,7 +58,6 @@ class ModelRunner:
         # max_logprobs -1 allows the full vocabulary: such rows take the host path, others this width.
         self.k_max = self.lp_config.max_logprobs if self.lp_config.max_logprobs >= 0 else 20
         pin = self.device.type == "cuda"
-        self.num_sms = torch.cuda.get_device_properties(self.device).multi_processor_count if pin else 1
         self.inputs = StepInputs.allocate(max_rows, cdiv(engine.max_model_len, engine.block_size), self.device)
         self.staging = StepInputs.allocate(*self.inputs.block_tables.shape, torch.device("cpu"), pin=pin)
         self._staged_tables: list[tuple[Optional[list[int]], int]] = [(None, 0)] * max_rows  # table, length
@@ -87,7 +87,7 @@ class ModelRunner:
         """The captured step: reads only static inputs, ends with the one device-to-host copy."""
         inp = self.inputs
         num_splits = default_num_splits(batch, self.model.config.num_key_value_heads, self.max_model_len,
-                                        self.num_sms)
+                                        num_sms(self.device))
         meta = AttentionMetadata(slot_mapping=inp.slot_mapping[:batch], block_tables=inp.block_tables[:batch],
                                  seq_lens=inp.seq_lens[:batch], num_splits=num_splits)
         hidden = self.model(inp.input_ids[:batch], inp.positions[:batch], self.kv_cache, meta)
@@ -182,9 +182,10 @@ class ModelRunner:
         host = self._wait_for_copy(batch)[:len(seqs)]
         results = [RowResult(token, error=NOT_FINITE if status else None)
                    for token, status in host[:, :2].tolist()]
-        wanted = [i for i, seq in enumerate(seqs) if seq.params.logprobs is not None and not results[i].error]
-        on_host = [i for i in wanted if self._host_path(seqs[i].params.logprobs)]
-        on_device = [i for i in wanted if not self._host_path(seqs[i].params.logprobs)]
+        on_device, on_host = [], []
+        for i, seq in enumerate(seqs):
+            if seq.params.logprobs is not None and not results[i].error:
+                (on_host if self._host_path(seq.params.logprobs) else on_device).append(i)
         for i, row in zip(on_device, unpack_rows(host[on_device], [seqs[i].params.logprobs for i in on_device])):
             results[i].logprob = row
         for i in on_host:

@@ -52,11 +52,10 @@ class Scheduler:
     def _decode_batch(self) -> list[Sequence]:
         """Every running sequence gets a slot for its next token; the newest are preempted to make room."""
         batch = []
-        block_size = self.blocks.block_size
         for seq in list(self.running):
             if seq.status is not Status.RUNNING:  # preempted below, as a victim for an older one
                 continue
-            if len(seq.block_table) * block_size >= seq.num_tokens:  # most steps: its last block has room
+            if self.blocks.blocks_needed(seq) == 0:  # most steps: its last block has room
                 batch.append(seq)
                 continue
             while not self.blocks.can_grow(seq) and self.running[-1] is not seq:

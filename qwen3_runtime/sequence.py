@@ -75,3 +75,17 @@ class RequestOutput:
     finish_reason: Optional[str]
     error: Optional[str] = None
     metrics: Optional[RequestMetrics] = None
+
+    @property
+    def ttft(self) -> Optional[float]:
+        """Seconds from arrival to the first token (None when none was produced)."""
+        if self.metrics is None or self.metrics.first_token_time is None:
+            return None
+        return self.metrics.first_token_time - self.metrics.arrival_time
+
+    @property
+    def tpot(self) -> Optional[float]:
+        """Seconds per output token after the first (None with fewer than two tokens)."""
+        if self.ttft is None or len(self.token_ids) < 2:
+            return None
+        return (self.metrics.finished_time - self.metrics.first_token_time) / (len(self.token_ids) - 1)

@@ -18,8 +18,10 @@ INT_FIELDS = STEP_FIELDS + REQUEST_INT_FIELDS
 FLOAT_FIELDS = ("temperature", "top_p")
 # A padded row: token 0 at position 0, no cache slot (-1: the KV store skips it), no context,
 # greedy, no logprobs.
-INT_PADDING = np.array([0, 0, -1, 0, -1, 0, 0, 0, 0], dtype=np.int64)[:, None]
-FLOAT_PADDING = np.array([0.0, 1.0], dtype=np.float32)[:, None]
+PADDING = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "seq_lens": 0, "top_k": -1, "seed": 0,
+           "num_top": 0, "wants_logprobs": 0, "processed": 0, "temperature": 0.0, "top_p": 1.0}
+INT_PADDING = np.array([PADDING[f] for f in INT_FIELDS], dtype=np.int64)[:, None]
+FLOAT_PADDING = np.array([PADDING[f] for f in FLOAT_FIELDS], dtype=np.float32)[:, None]
 
 
 class RequestRow(NamedTuple):

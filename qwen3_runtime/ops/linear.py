@@ -11,14 +11,12 @@ than a cuBLAS call (decode hides that in its CUDA graph).
 """
 from __future__ import annotations
 
-import functools
-
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from qwen3_runtime.ops import use_triton
+from qwen3_runtime.ops import num_sms, use_triton
 
 # Up to this many rows the skinny kernel beats cuBLAS on the H200 (at 32 cuBLAS wins on the wide ones).
 SKINNY_MAX_ROWS = 16
@@ -70,12 +68,6 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: in
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4, num_stages=4)
 
 
-@functools.lru_cache
-def _num_sms(device: torch.device) -> int:
-    # The interpreter (CPU) has no SMs: 4 keeps its grids small.
-    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
-
-
 def _skinny(x: torch.Tensor, decode: bool) -> bool:
     return decode and use_triton(x) and 0 < x.shape[0] <= SKINNY_MAX_ROWS
 
@@ -100,7 +92,7 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, decode: bool = True,
     n, k = weight.shape
     block_n = 32
     if splits is None:
-        wanted = triton.cdiv(PROGRAMS_PER_SM * _num_sms(x.device), triton.cdiv(n, block_n))
+        wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms(x.device), triton.cdiv(n, block_n))
         splits = max(1, min(wanted, k // (4 * BLOCK_K)))
     splits = triton.cdiv(k, triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K)  # no empty slice
     out = torch.empty(splits, x.shape[0], n, dtype=torch.float32, device=x.device)
