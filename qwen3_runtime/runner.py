@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from itertools import groupby
 from typing import Optional
 
 import numpy as np
@@ -64,9 +63,12 @@ class ModelRunner:
         self.logprobs = LogprobBuffers.allocate(max_rows, self.k_max, vocab, self.device)
         self.prompt_logprobs = LogprobBuffers.allocate(self.lp_config.prompt_chunk_size, self.k_max, vocab,
                                                        self.device)
-        self.packed = torch.zeros(max(max_rows, self.lp_config.prompt_chunk_size), packed_width(self.k_max),
-                                  dtype=torch.int32, device=self.device)
+        self.packed = torch.zeros(max_rows, packed_width(self.k_max), dtype=torch.int32, device=self.device)
         self.packed_host = torch.zeros_like(self.packed, device="cpu", pin_memory=pin)
+        # Prompt logprobs of a whole prefill, packed like a step's rows (O(tokens * (k + 1)), not O(vocab)).
+        self.prompt_packed = torch.zeros(engine.max_num_batched_tokens, packed_width(self.k_max), dtype=torch.int32,
+                                         device=self.device)
+        self.prompt_packed_host = torch.zeros_like(self.prompt_packed, device="cpu", pin_memory=pin)
         self.stats = RunnerStats()
         self.graphs = StepGraphs(self._decode_step, engine.cuda_graph_buckets or default_buckets(max_rows),
                                  variants=(GREEDY, RANDOM))
@@ -105,60 +107,61 @@ class ModelRunner:
         meta = AttentionMetadata(slot_mapping=self._tensor(slots), cu_seqlens=cu_seqlens)
         hidden = self.model(self._tensor(np.concatenate([seq.tokens for seq in seqs])), self._tensor(positions),
                             self.kv_cache, meta)
-        self._prompt_logprobs(seqs, hidden, cu_seqlens)
+        packed_prompts = self._prompt_logprobs(seqs, hidden, cu_seqlens)
         rows = len(seqs)
         self._stage(seqs, rows)
         last = self.model.compute_logits(hidden[self._tensor(cu_seqlens[1:]) - 1])
         lp_logits = self._sample_and_reduce(last, rows, _variant(seqs))
         self.packed_host[:rows].copy_(self.packed[:rows], non_blocking=True)
         self.stats.prefill_steps += 1
-        return self._results(seqs, rows, lp_logits)
+        results = self._results(seqs, rows, lp_logits)
+        self._unpack_prompt_logprobs(packed_prompts)  # landed with the step's copy
+        return results
 
-    def _prompt_logprobs(self, seqs: list[Sequence], hidden: torch.Tensor, cu_seqlens: list[int]) -> None:
+    def _prompt_logprobs(self, seqs: list[Sequence], hidden: torch.Tensor, cu_seqlens: list[int]) -> list[Sequence]:
         """Logprobs of prompt tokens 1..n-1 (token 0 has no context), raw, `prompt_chunk_size` positions
-        at a time: at most [chunk, V] logits exist at once, one compact copy per chunk. Device results
-        stay packed (PackedLogprobs) until read."""
-        todo = []  # (sequence, row in `hidden`, the prompt token that follows)
+        at a time: at most [chunk, V] logits exist at once. Device-path requests' packed results are
+        copied out once, after the last chunk, and read after the step's one wait (returns those
+        requests); host-path requests take the full-row path."""
+        on_device, chunk = [], self.lp_config.prompt_chunk_size
         for seq, start in zip(seqs, cu_seqlens):
-            if seq.needs_prompt_logprobs:
-                todo += [(seq, start + p, seq.prompt[p + 1]) for p in range(len(seq.prompt) - 1)]
-        pieces: dict[int, list] = {seq.request_id: [] for seq in seqs if seq.needs_prompt_logprobs}
-        chunk = self.lp_config.prompt_chunk_size
-        for begin in range(0, len(todo), chunk):
-            part = todo[begin:begin + chunk]
-            logits = self.model.compute_logits(hidden[self._tensor([row for _, row, _ in part])])
-            targets = [target for _, _, target in part]
-            ks = [seq.params.prompt_logprobs for seq, _, _ in part]
-            if any(self._host_path(k) for k in ks):
-                results = [self._from_full_row(logits[i], t, k) for i, (t, k) in enumerate(zip(targets, ks))]
-            else:
-                results = self._reduce_chunk(logits, targets, ks)
-            for request_id, rows in groupby(range(len(part)), key=lambda i: part[i][0].request_id):
-                rows = list(rows)
-                pieces[request_id].append(results[rows[0]:rows[-1] + 1])
+            if not seq.needs_prompt_logprobs:
+                continue
+            if not self._host_path(seq.params.prompt_logprobs):
+                on_device.append((seq, start))
+                continue
+            rows, targets = _scored_positions([(seq, start)])
+            entries = [None]
+            for begin in range(0, len(rows), chunk):
+                logits = self.model.compute_logits(hidden[self._tensor(rows[begin:begin + chunk])])
+                entries += [self._from_full_row(row, target, seq.params.prompt_logprobs)
+                            for row, target in zip(logits, targets[begin:begin + chunk])]
+            _set_prompt_logprobs(seq, entries)
+        if not on_device:
+            return []
+        rows, targets = _scored_positions(on_device)
+        num_top = np.repeat([seq.params.prompt_logprobs for seq, _ in on_device],
+                            [len(seq.prompt) - 1 for seq, _ in on_device])
+        rows, targets, num_top = self._tensor(np.stack([rows, targets, num_top]))  # one upload
+        packed = self.prompt_packed[:len(rows)]
+        for begin in range(0, len(rows), chunk):
+            part = slice(begin, begin + chunk)
+            out = self.prompt_logprobs.head(len(rows[part]))
+            reduce_logprobs(self.model.compute_logits(hidden[rows[part]]), targets[part], num_top[part], self.k_max,
+                            out=out)
+            pack(targets[part], out.status, out, packed[part])
+        self.prompt_packed_host[:len(rows)].copy_(packed, non_blocking=True)
+        self.stats.d2h_copies += 1
+        self.stats.d2h_bytes += packed.numel() * packed.element_size()
+        return [seq for seq, _ in on_device]
+
+    def _unpack_prompt_logprobs(self, seqs: list[Sequence]) -> None:
+        """Each request's block of the landed prompt copy, kept packed (PackedLogprobs) until read."""
+        host, begin = self.prompt_packed_host.numpy(), 0
         for seq in seqs:
-            if seq.request_id in pieces:
-                seq.prompt_logprobs = self._assemble(pieces[seq.request_id], seq.params.prompt_logprobs)
-                if seq.prompt_logprobs.count(None) > 1:
-                    seq.error = NOT_FINITE
-
-    def _assemble(self, pieces: list, k: int) -> Seq[Optional[TokenLogprob]]:
-        """One request's prompt logprobs: packed device blocks stay packed; host-path pieces are lists."""
-        if all(isinstance(piece, np.ndarray) for piece in pieces):
-            width = self.packed.shape[1]
-            return PackedLogprobs(np.concatenate(pieces) if pieces else np.empty((0, width), np.int32), k, leading=1)
-        return [None] + [entry for piece in pieces
-                         for entry in (PackedLogprobs(piece, k) if isinstance(piece, np.ndarray) else piece)]
-
-    def _reduce_chunk(self, logits: torch.Tensor, targets: list[int], ks: list[int]) -> np.ndarray:
-        """The chunk's packed rows, copied out of the pinned buffer."""
-        rows = len(targets)
-        out, packed = self.prompt_logprobs.head(rows), self.packed[:rows]
-        target_ids = self._tensor(targets)
-        reduce_logprobs(logits, target_ids, self._tensor(ks), self.k_max, out=out)
-        pack(target_ids, out.status, out, packed)
-        self.packed_host[:rows].copy_(packed, non_blocking=True)
-        return self._wait_for_copy(rows)[:rows].copy()
+            end = begin + len(seq.prompt) - 1
+            _set_prompt_logprobs(seq, PackedLogprobs(host[begin:end].copy(), seq.params.prompt_logprobs, leading=1))
+            begin = end
 
     def _sample_and_reduce(self, logits: torch.Tensor, batch: int, variant: str) -> torch.Tensor:
         """Sample, reduce the rows that asked for logprobs, pack it all into `self.packed[:batch]`.
@@ -249,6 +252,19 @@ class ModelRunner:
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(self.device, non_blocking=True)
+
+
+def _scored_positions(seqs_and_starts: list[tuple[Sequence, int]]) -> tuple[np.ndarray, np.ndarray]:
+    """Rows of the prefill's hidden states that score prompt tokens 1..n-1, and those tokens."""
+    rows = [start + np.arange(len(seq.prompt) - 1) for seq, start in seqs_and_starts]
+    targets = [np.asarray(seq.prompt[1:], dtype=np.int64) for seq, _ in seqs_and_starts]
+    return np.concatenate(rows), np.concatenate(targets)
+
+
+def _set_prompt_logprobs(seq: Sequence, entries: Seq[Optional[TokenLogprob]]) -> None:
+    seq.prompt_logprobs = entries
+    if entries.count(None) > 1:  # beyond the first token's
+        seq.error = NOT_FINITE
 
 
 def _variant(seqs: list[Sequence]) -> str:

@@ -85,8 +85,8 @@ def test_prompt_logprobs_match_transformers(make_runtime, tiny_checkpoint):
 
 
 def test_prompt_logprobs_of_both_paths_in_one_prefill(make_runtime, tiny_checkpoint):
-    """A full-vocabulary request (host path) sharing prompt chunks with a device-path one: the shared
-    chunk goes to the host path, the device request's later chunks stay packed; both read the same."""
+    """A full-vocabulary request (host path) beside a device-path one in one prefill: each takes its own
+    path, and the device request's packed results (several chunks, one copy) read as the host path's."""
     rt = make_runtime(tiny_checkpoint, logprobs__max_logprobs=-1, logprobs__prompt_chunk_size=6)
     host = make_runtime(tiny_checkpoint, logprobs__path="host")
     prompts = [[5, 9, 2, 7], list(range(30, 60))]
@@ -142,6 +142,18 @@ def test_one_device_to_host_copy_per_step(make_runtime, tiny_checkpoint):
     # Plus one full-vocabulary row per step for each of the three rows that asked.
     assert host.stats.d2h_copies == 8 + 3 * 8
     assert host.stats.d2h_bytes == 8 * 4 * 45 * 4 + 3 * 8 * 512 * 4
+
+
+def test_prompt_logprobs_add_one_copy_and_no_wait(make_runtime, tiny_checkpoint):
+    """Every chunk of every prompt lands in one packed copy, read after the prefill's own wait."""
+    rt = make_runtime(tiny_checkpoint, logprobs__prompt_chunk_size=4)
+    prompts = [list(range(1, 12)), [3, 4, 5]]
+    outs = rt.generate(prompts, [SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=k) for k in (2, 0)])
+    s = rt.stats
+    assert (s.prefill_steps, s.decode_steps, s.host_syncs, s.d2h_copies) == (1, 0, 1, 2)
+    assert s.d2h_bytes == 2 * 45 * 4 + (10 + 2) * 45 * 4  # the step's 2 rows, then 12 prompt positions
+    for prompt, out in zip(prompts, outs):
+        assert [lp.token_id for lp in out.prompt_logprobs[1:]] == prompt[1:]
 
 
 def _check_padded_rows_never_write_the_cache(rt):
