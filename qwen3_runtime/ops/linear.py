@@ -1,7 +1,7 @@
 """Projections of a few rows (decode) as a Triton skinny GEMM: y = x @ W^T with W [N, K] row-major.
 
 A decode step only streams weights, so what matters is keeping enough loads in flight on every
-SM. cuBLAS reaches 52-79% of the copy bandwidth on Qwen3-4B's projections at 1-16 rows
+SM. cuBLAS reaches 46-79% of the copy bandwidth on Qwen3-4B's projections at 1-32 rows
 (scripts/bench_kernels.py, H200): worst on the two with few output columns (o_proj and down_proj,
 N = hidden size), where too few tiles cover the GPU. There each program takes one of `splits`
 slices of K and writes an fp32 partial sum; the partials are added by the next kernel, the
@@ -18,9 +18,10 @@ import triton.language as tl
 
 from qwen3_runtime.ops import num_sms, use_triton
 
-# Up to this many rows the skinny kernel beats cuBLAS on the H200 (at 32 cuBLAS wins on the wide ones).
-SKINNY_MAX_ROWS = 16
-BLOCK_K = 128
+# Up to this many rows the skinny kernel beats cuBLAS on the H200: per Qwen3-4B layer 61 against
+# 68 us at 1 row, 68 against 72 at 32 (qkv, o, gate_up, down; bench_kernels).
+SKINNY_MAX_ROWS = 32
+BLOCK_N, BLOCK_K = 64, 128
 # Programs wanted per SM: enough independent weight streams to cover the memory latency.
 PROGRAMS_PER_SM = 2
 
@@ -29,43 +30,46 @@ PROGRAMS_PER_SM = 2
 def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, stride_wn, stride_os, stride_om,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                         EVEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
-    """Program (column tile, split): out[split, :M, tile] = x[:, slice] @ W[tile, slice]^T."""
+    """Program (column tile, split): out[split, :M, tile] = (W[tile, slice] @ x[:, slice]^T)^T.
+
+    The weight tile is the product's left operand: 64 weight rows fill the tensor cores' 64-row
+    side, and the few batch rows are the narrow side (padded to 16 or 32), not the other way round."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = split * k_per_split + tl.arange(0, BLOCK_K)
-    x_ptrs = x_ptr + offs_m[:, None] * stride_xm + offs_k[None, :]
+    x_ptrs = x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None]  # x^T tile [BLOCK_K, BLOCK_M]
     w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
-    m_mask = offs_m[:, None] < M
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    m_mask = offs_m[None, :] < M
+    acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k in range(0, k_per_split, BLOCK_K):
         if EVEN:  # N and K are whole tiles: unmasked weight loads
             w = tl.load(w_ptrs)
             x_mask = m_mask
         else:
-            k_mask = (offs_k[None, :] + k) < K
-            x_mask = m_mask & k_mask
-            w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & k_mask, other=0.0)
+            k_mask = offs_k + k < K
+            x_mask = m_mask & k_mask[:, None]
+            w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & k_mask[None, :], other=0.0)
         x = tl.load(x_ptrs, mask=x_mask, other=0.0)
-        acc = tl.dot(x, tl.trans(w), acc, input_precision=DOT_PRECISION)
+        acc = tl.dot(w, x, acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    out = out_ptr + split * stride_os + offs_m[:, None] * stride_om + offs_n[None, :]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask & (offs_n[None, :] < N))
+    out = out_ptr + split * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask & (offs_n[:, None] < N))
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, block_n: int) -> None:
+def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, num_stages: int) -> None:
     rows = x.shape[0]
     n, k = weight.shape
     k_per_split = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
     assert x.stride(1) == weight.stride(1) == out.stride(-1) == 1 and triton.cdiv(k, k_per_split) == splits
-    _skinny_gemm_kernel[(triton.cdiv(n, block_n), splits)](
+    _skinny_gemm_kernel[(triton.cdiv(n, BLOCK_N), splits)](
         x, weight, out, rows, n, k, k_per_split, x.stride(0), weight.stride(0),
         out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
-        BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=block_n, BLOCK_K=BLOCK_K,
-        EVEN=n % block_n == 0 and k % (splits * BLOCK_K) == 0,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4, num_stages=4)
+        BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
+        EVEN=n % BLOCK_N == 0 and k % (splits * BLOCK_K) == 0,
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4, num_stages=num_stages)
 
 
 def _skinny(x: torch.Tensor, decode: bool) -> bool:
@@ -77,24 +81,23 @@ def linear(x: torch.Tensor, weight: torch.Tensor, decode: bool = True) -> torch.
     if not _skinny(x, decode):
         return F.linear(x, weight)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    # Wide outputs have tiles to spare: narrower tiles give more programs per SM.
-    _launch(x, weight, out, splits=1, block_n=32 if weight.shape[0] >= 16384 else 64)
+    _launch(x, weight, out, splits=1, num_stages=6)
     return out
 
 
 def linear_partials(x: torch.Tensor, weight: torch.Tensor, decode: bool = True,
                     splits: int | None = None) -> torch.Tensor:
     """x @ weight^T as [S, T, N] fp32 partial sums over S slices of K ([1, T, N] in x's dtype from
-    cuBLAS), for `add_rms_norm` to add up. By default S makes N / 32 column tiles x S fill the GPU,
-    with slices of at least 4 K-tiles."""
+    cuBLAS), for `add_rms_norm` to add up. By default S makes N / BLOCK_N column tiles x S fill the
+    GPU, with slices of at least 4 K-tiles, equal where K allows (the kernel's unmasked path)."""
     if not _skinny(x, decode):
         return F.linear(x, weight)[None]
     n, k = weight.shape
-    block_n = 32
     if splits is None:
-        wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms(x.device), triton.cdiv(n, block_n))
+        wanted = triton.cdiv(PROGRAMS_PER_SM * num_sms(x.device), triton.cdiv(n, BLOCK_N))
         splits = max(1, min(wanted, k // (4 * BLOCK_K)))
+        splits = next((s for s in range(splits, 0, -1) if k % (s * BLOCK_K) == 0), splits)
     splits = triton.cdiv(k, triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K)  # no empty slice
     out = torch.empty(splits, x.shape[0], n, dtype=torch.float32, device=x.device)
-    _launch(x, weight, out, splits, block_n)
+    _launch(x, weight, out, splits, num_stages=4)
     return out
