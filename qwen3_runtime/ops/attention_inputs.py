@@ -11,8 +11,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from qwen3_runtime.ops import use_triton
+from qwen3_runtime.ops import pdl_launch, use_triton
 from qwen3_runtime.ops.norms import add_rms_norm_reference
 
 
@@ -21,8 +22,10 @@ def _attention_inputs_kernel(qkv_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, p
                              q_ptr, k_ptr, k_cache_ptr, v_cache_ptr,
                              num_heads, num_kv_heads, qkv_stride, head_dim, eps,
                              stride_cache_block, stride_cache_offset, stride_cache_head,
-                             BLOCK_SIZE: tl.constexpr, HALF_BLOCK: tl.constexpr):
+                             BLOCK_SIZE: tl.constexpr, HALF_BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     """One program per (token, head) over q heads, then k heads, then v heads."""
+    if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
+        gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     half = head_dim // 2
@@ -68,6 +71,8 @@ def _attention_inputs_kernel(qkv_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, p
         dst = k_cache_ptr + cache_row + kv_head * stride_cache_head
         tl.store(dst + offs, out1, mask=store_mask)
         tl.store(dst + half + offs, out2, mask=store_mask)
+    if USE_PDL:  # last: the next kernel may launch
+        gdc_launch_dependents()
 
 
 def attention_inputs(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_weight: torch.Tensor,
@@ -90,7 +95,8 @@ def attention_inputs(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_wei
             qkv, q_weight, k_weight, cos_sin, positions, slot_mapping, q, k, k_cache, v_cache,
             num_heads, num_kv_heads, qkv.stride(0), head_dim, eps,
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            BLOCK_SIZE=k_cache.shape[1], HALF_BLOCK=triton.next_power_of_2(head_dim // 2), num_warps=1)
+            BLOCK_SIZE=k_cache.shape[1], HALF_BLOCK=triton.next_power_of_2(head_dim // 2), num_warps=1,
+            **pdl_launch(qkv))
     return q, k, _v_view(qkv, num_heads, num_kv_heads, head_dim)
 
 

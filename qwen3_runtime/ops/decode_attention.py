@@ -19,8 +19,9 @@ from typing import NamedTuple
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from qwen3_runtime.ops import use_triton
+from qwen3_runtime.ops import pdl_launch, use_triton
 
 # Tokens per tile: 32 measured best inside the Qwen3-4B step on the H200 (64 wins only past ~256 tokens/row).
 BLOCK_N = 32
@@ -59,9 +60,11 @@ def _decode_split_kernel(
     stride_so_b, stride_so_h, stride_so_s,
     stride_pl_b, stride_pl_h,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SINGLE_SPLIT: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, SINGLE_SPLIT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """split_out is the merge's fp32 scratch, or with SINGLE_SPLIT the output itself (no merge)."""
+    if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
+        gdc_wait()
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -125,6 +128,8 @@ def _decode_split_kernel(
     tl.store(split_out, (acc / running_sum[:, None]).to(split_out_ptr.dtype.element_ty), mask=gd_mask)
     if not SINGLE_SPLIT:
         tl.store(partial_lse, running_max + tl.log2(running_sum), mask=g_mask)
+    if USE_PDL:  # last: the next kernel may launch
+        gdc_launch_dependents()
 
 
 @triton.jit
@@ -134,8 +139,10 @@ def _decode_merge_kernel(
     stride_po_b, stride_po_h, stride_po_s,
     stride_pl_b, stride_pl_h,
     stride_out_b, stride_out_h,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
 ):
+    if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
+        gdc_wait()
     row = tl.program_id(0)
     head = tl.program_id(1)
 
@@ -160,6 +167,8 @@ def _decode_merge_kernel(
     merged = tl.sum(weights[:, None] * parts, axis=0) / total
     out = out_ptr + row * stride_out_b + head * stride_out_h + offs_d
     tl.store(out, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
+    if USE_PDL:  # last: the next kernel may launch
+        gdc_launch_dependents()
 
 
 def default_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:
@@ -228,6 +237,7 @@ def paged_decode_attention(
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
         SINGLE_SPLIT=single_split,
         num_warps=4,
+        **pdl_launch(q),
     )
     if single_split:
         return out
@@ -240,6 +250,7 @@ def paged_decode_attention(
         BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_D=block_d,
         num_warps=4,
+        **pdl_launch(q),
     )
     return out
 

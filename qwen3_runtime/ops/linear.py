@@ -15,8 +15,9 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from qwen3_runtime.ops import num_sms, use_triton
+from qwen3_runtime.ops import num_sms, pdl_launch, use_triton
 
 # Up to this many rows the skinny kernel beats cuBLAS on the H200: per Qwen3-4B layer 61 against
 # 68 us at 1 row, 68 against 72 at 32 (qkv, o, gate_up, down; bench_kernels).
@@ -29,11 +30,13 @@ PROGRAMS_PER_SM = 2
 @triton.jit
 def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, stride_wn, stride_os, stride_om,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                        EVEN: tl.constexpr, DOT_PRECISION: tl.constexpr):
+                        EVEN: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (column tile, split): out[split, :M, tile] = (W[tile, slice] @ x[:, slice]^T)^T.
 
     The weight tile is the product's left operand: 64 weight rows fill the tensor cores' 64-row
     side, and the few batch rows are the narrow side (padded to 16 or 32), not the other way round."""
+    if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
+        gdc_wait()
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -57,6 +60,8 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, 
         w_ptrs += BLOCK_K
     out = out_ptr + split * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
     tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask & (offs_n[:, None] < N))
+    if USE_PDL:  # last: the next kernel may launch
+        gdc_launch_dependents()
 
 
 def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, num_stages: int) -> None:
@@ -69,7 +74,8 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: in
         out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
         BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
         EVEN=n % BLOCK_N == 0 and k % (splits * BLOCK_K) == 0,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4, num_stages=num_stages)
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4, num_stages=num_stages,
+        **pdl_launch(x))
 
 
 def _skinny(x: torch.Tensor, decode: bool) -> bool:

@@ -15,13 +15,17 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from qwen3_runtime.ops import use_triton
+from qwen3_runtime.ops import pdl_launch, use_triton
 
 
 @triton.jit
 def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n_cols, stride_part, eps,
-                         NUM_PARTS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr):
+                         NUM_PARTS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
+                         USE_PDL: tl.constexpr):
+    if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -39,6 +43,8 @@ def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n_cols, strid
     normed = (x * inv_rms).to(dtype).to(tl.float32)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, (normed * weight).to(dtype), mask=mask)
+    if USE_PDL:  # last: the next kernel may launch
+        gdc_launch_dependents()
 
 
 def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
@@ -54,7 +60,8 @@ def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         _add_rms_norm_kernel[(out.shape[0],)](parts, x if residual is None else residual, weight, out, out.shape[1],
                                               parts.stride(0), eps, NUM_PARTS=parts.shape[0],
                                               HAS_RESIDUAL=residual is not None,
-                                              BLOCK=triton.next_power_of_2(out.shape[1]), num_warps=4)
+                                              BLOCK=triton.next_power_of_2(out.shape[1]), num_warps=4,
+                                              **pdl_launch(x))
     return out
 
 
@@ -70,7 +77,9 @@ def add_rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
 
 
 @triton.jit
-def _silu_mul_kernel(gate_up_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
+def _silu_mul_kernel(gate_up_ptr, out_ptr, n_cols, BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
+        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -79,6 +88,8 @@ def _silu_mul_kernel(gate_up_ptr, out_ptr, n_cols, BLOCK: tl.constexpr):
     dtype = out_ptr.dtype.element_ty
     silu = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, (silu * up).to(dtype), mask=mask)
+    if USE_PDL:  # last: the next kernel may launch
+        gdc_launch_dependents()
 
 
 def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
@@ -89,7 +100,8 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(tokens, n_cols, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(n_cols))
     if tokens:
-        _silu_mul_kernel[(tokens, triton.cdiv(n_cols, block))](gate_up, out, n_cols, BLOCK=block, num_warps=4)
+        _silu_mul_kernel[(tokens, triton.cdiv(n_cols, block))](gate_up, out, n_cols, BLOCK=block, num_warps=4,
+                                                                          **pdl_launch(gate_up))
     return out
 
 
