@@ -6,6 +6,7 @@ Usage: python -m scripts.bench_logprobs [--quick] --out DIR
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import time
@@ -24,7 +25,9 @@ def _prompts(rt: Runtime, count: int, length: int, seed: int) -> list[list[int]]
 
 
 def _run(rt: Runtime, prompts: list[list[int]], params: list[SamplingParams]) -> dict:
-    """Per-request TPOT (ms) and output tokens/s of one batch run to completion."""
+    """Per-request TPOT (ms) and output tokens/s of one batch run to completion, from a collected heap
+    (garbage left by the previous run would otherwise be collected during this one)."""
+    gc.collect()
     start = time.perf_counter()
     outs = rt.generate(prompts, params)
     wall = time.perf_counter() - start
@@ -34,13 +37,14 @@ def _run(rt: Runtime, prompts: list[list[int]], params: list[SamplingParams]) ->
 def matrix(runtimes: dict[str, Runtime], concurrency: list[int], prompt_len: int, max_tokens: int,
            repeats: int) -> list[dict]:
     """TPOT per (concurrency, logprobs, path). At each concurrency the settings take turns run by run,
-    so drift in the machine's speed lands on every setting alike."""
-    settings = [(None, "device"), (1, "device"), (1, "host"), (5, "device"), (5, "host")]  # off: same step
+    each repetition starting one setting later, so drift in the machine's speed and what a run
+    leaves behind land on every setting alike."""
+    settings = [(None, next(iter(runtimes)))] + [(k, path) for k in (1, 5) for path in runtimes]  # off: same step
     rows = []
     for c in concurrency:
         runs: dict = {setting: [] for setting in settings}
         for r in range(repeats):
-            for k, path in settings:
+            for k, path in settings[r % len(settings):] + settings[:r % len(settings)]:
                 params = [SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, logprobs=k)] * c
                 runs[(k, path)].append(_run(runtimes[path], _prompts(runtimes[path], c, prompt_len, r), params))
         for (k, path), setting_runs in runs.items():
@@ -122,16 +126,18 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="repetitions (medians); --quick makes it 1")
     parser.add_argument("--parts", nargs="+", default=["matrix", "mixed", "prompt", "copies"],
                         choices=["matrix", "mixed", "prompt", "copies"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32], help="of the matrix")
+    parser.add_argument("--paths", nargs="+", default=["device", "host"], choices=["device", "host"])
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     max_tokens, repeats = (64, 1) if args.quick else (256, args.repeats)
     overrides = {"engine.max_model_len": 2048, "engine.max_num_seqs": 32, "engine.gpu_memory_utilization": 0.4}
     runtimes = {path: Runtime.from_yaml(args.config, overrides={**overrides, "logprobs.path": path})
-                for path in ("device", "host")}
+                for path in args.paths}
     for rt in runtimes.values():  # warm-up
         rt.generate(_prompts(rt, 2, 16, 0), SamplingParams(max_tokens=4, temperature=0, logprobs=5))
     parts = {
-        "matrix": lambda: matrix(runtimes, [1, 8, 32], 128, max_tokens, repeats),
+        "matrix": lambda: matrix(runtimes, args.concurrency, 128, max_tokens, repeats),
         "mixed": lambda: mixed(runtimes, 128, max_tokens, repeats),
         "prompt": lambda: prompt_logprobs(runtimes, 1024, repeats),
         "copies": lambda: copies_per_step(runtimes, 8),
