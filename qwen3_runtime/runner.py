@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ from qwen3_runtime.logprobs import LogprobBuffers, TokenLogprob, reduce_logprobs
 from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops import num_sms
 from qwen3_runtime.ops.decode_attention import default_num_splits
-from qwen3_runtime.packing import PackedLogprobs, pack, packed_width, unpack_rows
+from qwen3_runtime.packing import PackedLogprobs, pack, packed_width
 from qwen3_runtime.sampler import processed_logits, sample
 from qwen3_runtime.sequence import Sequence
 from qwen3_runtime.step_inputs import RequestRow, StepInputs
@@ -33,7 +33,7 @@ NOT_FINITE = "the model's logits for this request were not finite (NaN or inf); 
 @dataclass
 class RowResult:
     token_id: int
-    logprob: Optional[TokenLogprob] = None
+    logprob: Union[TokenLogprob, np.ndarray, None] = None  # a packed row on the device path
     error: Optional[str] = None
 
 
@@ -189,8 +189,8 @@ class ModelRunner:
         for i, seq in enumerate(seqs):
             if seq.params.logprobs is not None and not results[i].error:
                 (on_host if self._host_path(seq.params.logprobs) else on_device).append(i)
-        for i, row in zip(on_device, unpack_rows(host[on_device], [seqs[i].params.logprobs for i in on_device])):
-            results[i].logprob = row
+        for i, row in zip(on_device, host[on_device]):  # a copy: the pinned buffer is reused next step
+            results[i].logprob = row  # built into a TokenLogprob when read (StepLogprobs)
         for i in on_host:
             results[i].logprob = self._from_full_row(lp_logits[i], results[i].token_id, seqs[i].params.logprobs)
         return results

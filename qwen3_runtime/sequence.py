@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Optional
 
+from qwen3_runtime.packing import StepLogprobs
 from qwen3_runtime.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ class Sequence:
     params: SamplingParams
     seed: int  # the request's seed, or one drawn at submission
     output: list[int] = field(default_factory=list)
-    logprobs: list[Optional[TokenLogprob]] = field(default_factory=list)
+    logprobs: StepLogprobs = field(init=False)
     prompt_logprobs: Optional[abc.Sequence[Optional[TokenLogprob]]] = None
     block_table: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
@@ -36,6 +37,9 @@ class Sequence:
     first_token_time: Optional[float] = None
     finished_time: Optional[float] = None
     request_row: Optional[RequestRow] = None  # the runner's per-request step inputs, built once
+
+    def __post_init__(self) -> None:
+        self.logprobs = StepLogprobs(self.params.logprobs or 0)
 
     @property
     def tokens(self) -> list[int]:
@@ -70,7 +74,7 @@ class RequestOutput:
     request_id: int
     prompt_token_ids: list[int]
     token_ids: list[int]
-    logprobs: Optional[list[Optional[TokenLogprob]]]
+    logprobs: Optional[abc.Sequence[Optional[TokenLogprob]]]
     prompt_logprobs: Optional[abc.Sequence[Optional[TokenLogprob]]]
     finish_reason: Optional[str]
     error: Optional[str] = None

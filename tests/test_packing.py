@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from qwen3_runtime.logprobs import LogprobBuffers
-from qwen3_runtime.packing import PackedLogprobs, pack, packed_width, unpack_rows
+from qwen3_runtime.packing import PackedLogprobs, StepLogprobs, pack, packed_width, unpack_rows
 
 
 def _packed_pair():
@@ -37,3 +37,13 @@ def test_packed_logprobs_build_entries_on_read():
     assert entries.count(None) == 2 and entries[1:] == [entries[1], None] and list(entries)[0] is None
     with pytest.raises(IndexError):
         entries[3]
+
+
+def test_step_logprobs_keep_packed_rows_until_read():
+    host = _packed_pair()
+    (reference,) = unpack_rows(host[:1], [2])
+    entries = StepLogprobs(2)
+    entries.append(host[0].copy())  # device path: the step's packed row
+    entries.append(reference)  # host path: already a TokenLogprob
+    assert len(entries) == 2 and isinstance(entries.entries[0], np.ndarray)
+    assert entries[0] == reference == entries[-1] and entries[:] == [reference, reference]
