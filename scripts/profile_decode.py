@@ -34,10 +34,11 @@ def _kernel_family(name: str) -> str:
     return name.split("(")[0].split("<")[0][:60]
 
 
-def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int) -> dict:
+def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int, logprobs: int | None = None) -> dict:
     rng = np.random.default_rng(batch)
     for prompt in rng.integers(0, rt.vocab_size, (batch, prompt_len)).tolist():
-        rt.add_request(prompt, SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True))
+        rt.add_request(prompt, SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True,
+                                                     logprobs=logprobs))
     while rt.scheduler.waiting:
         rt.step()
     for _ in range(5):
@@ -77,7 +78,7 @@ def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int) -> dic
     kernel_ms = sum(k["us"] for k in kernels) / 1e3
     for seq in list(rt.scheduler.running):
         rt.scheduler.finish(seq)
-    return {"batch": batch, "wall_ms": wall_ms, "replay_ms": replay_ms, "kernel_ms": kernel_ms,
+    return {"batch": batch, "logprobs": logprobs, "wall_ms": wall_ms, "replay_ms": replay_ms, "kernel_ms": kernel_ms,
             "launches": sum(k["launches"] for k in kernels), "kernels": kernels}
 
 
@@ -87,13 +88,14 @@ def main() -> None:
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 32])
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--replays", type=int, default=50)
+    parser.add_argument("--logprobs", type=int, default=None, help="every row asks for this many")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     rt = Runtime.from_yaml(args.config, overrides={"engine.max_model_len": 1024,
                                                    "engine.max_num_seqs": max(args.batch)})
     rows = []
     for batch in args.batch:
-        row = profile_batch(rt, batch, args.prompt_len, args.replays)
+        row = profile_batch(rt, batch, args.prompt_len, args.replays, args.logprobs)
         rows.append(row)
         print(f"batch {batch}: wall {row['wall_ms']:.3f} ms/step, replay {row['replay_ms']:.3f} ms, kernels "
               f"{row['kernel_ms']:.3f} ms in {row['launches']:.0f} launches", flush=True)
