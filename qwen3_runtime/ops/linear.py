@@ -1,9 +1,9 @@
 """Projections of a few rows (decode) as a Triton skinny GEMM: y = x @ W^T with W [N, K] row-major.
 
 A decode step only streams weights, so what matters is keeping enough loads in flight on every
-SM. cuBLAS reaches 46-79% of the copy bandwidth on Qwen3-4B's projections at 1-32 rows
-(scripts/bench_kernels.py, H200): worst on the two with few output columns (o_proj and down_proj,
-N = hidden size), where too few tiles cover the GPU. There each program takes one of `splits`
+SM. cuBLAS reaches 49-79% of the copy bandwidth on Qwen3-4B's projections at 1-32 rows, this
+kernel 68-86% (scripts/bench_kernels.py, H200). cuBLAS is worst on the two with few output columns
+(o_proj and down_proj, N = hidden size), where too few tiles cover the GPU. There each program takes one of `splits`
 slices of K and writes an fp32 partial sum; the partials are added by the next kernel, the
 residual add + RMSNorm (`add_rms_norm`), so the split costs no extra launch and no atomics.
 Larger batches and prefill go to cuBLAS: launched eagerly, a Triton kernel costs more host time
@@ -19,8 +19,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from qwen3_runtime.ops import num_sms, pdl_launch, use_triton
 
-# Up to this many rows the skinny kernel beats cuBLAS on the H200: per Qwen3-4B layer 61 against
-# 68 us at 1 row, 68 against 72 at 32 (qkv, o, gate_up, down; bench_kernels).
+# Up to this many rows the skinny kernel beats cuBLAS on the H200: per Qwen3-4B layer (qkv, o, gate_up,
+# down) 57 against 68 us at 1 row, 61 against 70 at 32 (scripts/bench_kernels.py).
 SKINNY_MAX_ROWS = 32
 BLOCK_N, BLOCK_K = 64, 128
 # Programs wanted per SM: enough independent weight streams to cover the memory latency.
