@@ -18,6 +18,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from qwen3_runtime.ops import num_sms, pdl_launch, use_triton
+from qwen3_runtime.ops.norms import silu_mul
 
 # Up to this many rows the skinny kernel beats cuBLAS on the H200: per Qwen3-4B layer (qkv, o, gate_up,
 # down) 57 against 68 us at 1 row, 61 against 70 at 32 (scripts/bench_kernels.py).
@@ -29,21 +30,28 @@ PROGRAMS_PER_SM = 2
 
 @triton.jit
 def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, stride_wn, stride_os, stride_om,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
                         EVEN: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (column tile, split): out[split, :M, tile] = (W[tile, slice] @ x[:, slice]^T)^T.
 
     The weight tile is the product's left operand: 64 weight rows fill the tensor cores' 64-row
-    side, and the few batch rows are the narrow side (padded to 16 or 32), not the other way round."""
+    side, and the few batch rows are the narrow side (padded to 16 or 32), not the other way round.
+    GATED: W is a fused gate/up weight [2N, K] and out[:M, tile] = silu(gate) * up, the tile's rows
+    alternating a gate column and its up column, so one program holds both."""
     if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
         gdc_wait()
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    if GATED:
+        cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N) // 2
+        w_rows = cols + (tl.arange(0, BLOCK_N) % 2) * N
+    else:
+        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        w_rows = cols
     offs_k = split * k_per_split + tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None]  # x^T tile [BLOCK_K, BLOCK_M]
-    w_ptrs = w_ptr + offs_n[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
+    w_ptrs = w_ptr + w_rows[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     m_mask = offs_m[None, :] < M
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k in range(0, k_per_split, BLOCK_K):
@@ -53,27 +61,37 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, 
         else:
             k_mask = offs_k + k < K
             x_mask = m_mask & k_mask[:, None]
-            w = tl.load(w_ptrs, mask=(offs_n[:, None] < N) & k_mask[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=(cols[:, None] < N) & k_mask[None, :], other=0.0)
         x = tl.load(x_ptrs, mask=x_mask, other=0.0)
         acc = tl.dot(w, x, acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    out = out_ptr + split * stride_os + offs_m[None, :] * stride_om + offs_n[:, None]
-    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=m_mask & (offs_n[:, None] < N))
+    dtype = out_ptr.dtype.element_ty
+    if GATED:  # rounded as the unfused projection and silu_mul would round
+        gate, up = tl.split(tl.permute(tl.reshape(acc, (BLOCK_N // 2, 2, BLOCK_M)), (0, 2, 1)))
+        gate, up = gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32)
+        acc = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32) * up
+        cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
+    out = out_ptr + split * stride_os + offs_m[None, :] * stride_om + cols[:, None]
+    tl.store(out, acc.to(dtype), mask=m_mask & (cols[:, None] < N))
     if USE_PDL:  # last: the next kernel may launch
         gdc_launch_dependents()
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, num_stages: int) -> None:
+def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, num_stages: int,
+            gated: bool = False) -> None:
     rows = x.shape[0]
-    n, k = weight.shape
+    k = weight.shape[1]
+    n = out.shape[-1]  # output columns: half the weight's rows when gated
     k_per_split = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
     assert x.stride(1) == weight.stride(1) == out.stride(-1) == 1 and triton.cdiv(k, k_per_split) == splits
-    _skinny_gemm_kernel[(triton.cdiv(n, BLOCK_N), splits)](
+    assert weight.shape[0] == (2 * n if gated else n)
+    tile_cols = BLOCK_N // 2 if gated else BLOCK_N
+    _skinny_gemm_kernel[(triton.cdiv(n, tile_cols), splits)](
         x, weight, out, rows, n, k, k_per_split, x.stride(0), weight.stride(0),
         out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
-        BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K,
-        EVEN=n % BLOCK_N == 0 and k % (splits * BLOCK_K) == 0,
+        BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GATED=gated,
+        EVEN=n % tile_cols == 0 and k % (splits * BLOCK_K) == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4, num_stages=num_stages,
         **pdl_launch(x))
 
@@ -88,6 +106,16 @@ def linear(x: torch.Tensor, weight: torch.Tensor, decode: bool = True) -> torch.
         return F.linear(x, weight)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     _launch(x, weight, out, splits=1, num_stages=6)
+    return out
+
+
+def gated_linear(x: torch.Tensor, gate_up_weight: torch.Tensor, decode: bool = True) -> torch.Tensor:
+    """silu(x @ W_gate^T) * (x @ W_up^T) for the fused weight [2I, K] (gate rows, then up rows) -> [T, I].
+    In the skinny kernel's epilogue, so decode launches no separate silu_mul."""
+    if not _skinny(x, decode):
+        return silu_mul(F.linear(x, gate_up_weight))
+    out = torch.empty(x.shape[0], gate_up_weight.shape[0] // 2, dtype=x.dtype, device=x.device)
+    _launch(x, gate_up_weight, out, splits=1, num_stages=6, gated=True)
     return out
 
 

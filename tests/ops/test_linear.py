@@ -2,7 +2,8 @@ import pytest
 import torch
 
 from qwen3_runtime.ops import linear as linear_module
-from qwen3_runtime.ops.linear import linear, linear_partials
+from qwen3_runtime.ops.linear import gated_linear, linear, linear_partials
+from qwen3_runtime.ops.norms import silu_mul, silu_mul_reference
 
 
 def _close(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
@@ -31,6 +32,19 @@ def test_partials_add_up_to_the_product(splits, n, k):
     _close(parts.sum(0), x, weight)
 
 
+@pytest.mark.parametrize("rows", [1, 3, 17])
+@pytest.mark.parametrize("n,k", [(64, 128), (40, 200)])  # whole tiles / ragged columns and K
+def test_gated_linear_is_silu_of_gate_times_up(rows, n, k):
+    gen = torch.Generator().manual_seed(rows + n)
+    x, weight = torch.randn(rows, k, generator=gen), torch.randn(2 * n, k, generator=gen)
+    out = gated_linear(x, weight)
+    ref = silu_mul_reference((x.double() @ weight.double().t()))
+    assert out.shape == (rows, n)
+    torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
+    torch.testing.assert_close(gated_linear(x, weight, decode=False).double(), ref, rtol=1e-5,
+                               atol=1e-6 * ref.abs().max().item())
+
+
 def test_larger_batches_prefill_and_empty_ones_go_to_the_library(monkeypatch):
     x, weight = torch.randn(linear_module.SKINNY_MAX_ROWS + 1, 32), torch.randn(16, 32)
     _close(linear(x, weight), x, weight)
@@ -52,4 +66,8 @@ def test_bf16_projections_of_qwen3_4b_on_the_gpu(rows):
         ref = x.float() @ weight.float().t()
         for out in (linear(x, weight).float(), linear_partials(x, weight).sum(0)):
             assert (out - ref).abs().max() <= 1e-2 * ref.abs().max()
+        if n == 19456:  # the fused gate/up: its epilogue rounds as linear + silu_mul do
+            gated = gated_linear(x, weight)
+            unfused = silu_mul(linear(x, weight))
+            assert (gated.float() - unfused.float()).abs().max() <= 1e-2 * unfused.float().abs().max()
 
