@@ -1,8 +1,9 @@
-"""Fused elementwise kernels of a Qwen3 layer, so a decode step launches ~10 kernels per layer
+"""Fused elementwise kernels of a Qwen3 layer, so a decode step launches 9 kernels per layer
 instead of ~60 (inside a CUDA graph each launch still costs ~2 µs):
 
 - `add_rms_norm`: residual += delta, then RMSNorm of the new residual (one pass);
-- `silu_mul`: silu(gate) * up from the fused gate/up projection.
+- `silu_mul`: silu(gate) * up from the fused gate/up projection (prefill; decode applies it in the
+  projection's epilogue, `ops.linear.gated_linear`).
 (q/k norm, RoPE and the KV-cache store are fused in `attention_inputs`.)
 
 Rounding follows Hugging Face's bf16 semantics where it is observable: the residual is rounded to
