@@ -59,7 +59,10 @@ class ModelRunner:
         pin = self.device.type == "cuda"
         self.inputs = StepInputs.allocate(max_rows, cdiv(engine.max_model_len, engine.block_size), self.device)
         self.staging = StepInputs.allocate(*self.inputs.block_tables.shape, torch.device("cpu"), pin=pin)
-        self._staged_tables: list[tuple[Optional[list[int]], int]] = [(None, 0)] * max_rows  # table, length
+        # What each staging row holds, so a row is rewritten only when that changes: its request (whose
+        # constants padding overwrites) and its block table (table, length; padding leaves tables alone).
+        self._staged_requests: list[Optional[Sequence]] = [None] * max_rows
+        self._staged_tables: list[tuple[Optional[list[int]], int]] = [(None, 0)] * max_rows
         self.logprobs = LogprobBuffers.allocate(max_rows, self.k_max, vocab, self.device)
         self.prompt_logprobs = LogprobBuffers.allocate(self.lp_config.prompt_chunk_size, self.k_max, vocab,
                                                        self.device)
@@ -223,10 +226,12 @@ class ModelRunner:
         """Fill the rows (each feeding its last token) and padding up to `batch`, then copy them over."""
         bs = self.block_size
         positions = [seq.num_tokens - 1 for seq in seqs]
+        new_requests = {i: self._request_row(seq) for i, seq in enumerate(seqs) if self._staged_requests[i] is not seq}
         self.staging.fill(
             len(seqs), batch, input_ids=[seq.last_token for seq in seqs], positions=positions,
             slot_mapping=[seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)],
-            seq_lens=[p + 1 for p in positions], requests=[self._request_row(seq) for seq in seqs])
+            seq_lens=[p + 1 for p in positions], requests=new_requests)
+        self._staged_requests[:batch] = seqs + [None] * (batch - len(seqs))
         tables = self.staging.block_tables.numpy()
         for i, seq in enumerate(seqs):
             # A row's table changes only when a block is added or the row holds another table (another
@@ -238,13 +243,10 @@ class ModelRunner:
         self.inputs.copy_from(self.staging, batch)
 
     def _request_row(self, seq: Sequence) -> RequestRow:
-        if seq.request_row is None:
-            p, k = seq.params, seq.params.logprobs
-            device_k = k if k is not None and not self._host_path(k) else None
-            processed = (p.logprobs_mode or self.lp_config.mode) == "processed"
-            seq.request_row = RequestRow((p.top_k, seq.seed, device_k or 0, device_k is not None, processed),
-                                         (p.temperature, p.top_p))
-        return seq.request_row
+        p, k = seq.params, seq.params.logprobs
+        device_k = k if k is not None and not self._host_path(k) else None
+        processed = (p.logprobs_mode or self.lp_config.mode) == "processed"
+        return RequestRow((p.top_k, seq.seed, device_k or 0, device_k is not None, processed), (p.temperature, p.top_p))
 
     def _slots(self, seq: Sequence, positions: np.ndarray) -> np.ndarray:
         table = np.asarray(seq.block_table, dtype=np.int64)

@@ -11,7 +11,6 @@ from qwen3_runtime.params import SamplingParams
 
 if TYPE_CHECKING:
     from qwen3_runtime.logprobs import TokenLogprob
-    from qwen3_runtime.step_inputs import RequestRow
 
 
 class Status(Enum):
@@ -36,7 +35,6 @@ class Sequence:
     arrival_time: float = 0.0
     first_token_time: Optional[float] = None
     finished_time: Optional[float] = None
-    request_row: Optional[RequestRow] = None  # the runner's per-request step inputs, built once
 
     def __post_init__(self) -> None:
         self.logprobs = StepLogprobs(self.params.logprobs or 0)

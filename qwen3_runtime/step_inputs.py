@@ -25,7 +25,7 @@ FLOAT_PADDING = np.array([PADDING[f] for f in FLOAT_FIELDS], dtype=np.float32)[:
 
 
 class RequestRow(NamedTuple):
-    """A request's constant columns, built once per request rather than every step."""
+    """A request's constant columns, staged when it takes a row rather than every step."""
 
     ints: tuple[int, ...]  # REQUEST_INT_FIELDS
     floats: tuple[float, ...]  # FLOAT_FIELDS
@@ -51,14 +51,16 @@ class StepInputs:
         raise AttributeError(name)
 
     def fill(self, rows: int, batch: int, input_ids: list[int], positions: list[int], slot_mapping: list[int],
-             seq_lens: list[int], requests: list[RequestRow]) -> None:
+             seq_lens: list[int], requests: dict[int, RequestRow]) -> None:
         """Set the first `rows` entries (host side, whole NumPy rows at a time: per-element work is what
-        costs here), and make rows [rows, batch) padding so stale rows of an earlier batch never write
-        the cache."""
+        costs here) and the request constants of the rows in `requests` (those that hold another
+        request than last time: the others keep theirs), and make rows [rows, batch) padding so stale
+        rows of an earlier batch never write the cache."""
         ints, floats = self.ints.numpy(), self.floats.numpy()
         ints[:len(STEP_FIELDS), :rows] = (input_ids, positions, slot_mapping, seq_lens)
-        ints[len(STEP_FIELDS):, :rows] = np.array([r.ints for r in requests], dtype=np.int64).T
-        floats[:, :rows] = np.array([r.floats for r in requests], dtype=np.float32).T
+        for row, request in requests.items():
+            ints[len(STEP_FIELDS):, row] = request.ints
+            floats[:, row] = request.floats
         ints[:, rows:batch] = INT_PADDING
         floats[:, rows:batch] = FLOAT_PADDING
 
