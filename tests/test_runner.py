@@ -165,6 +165,21 @@ def _check_padded_rows_never_write_the_cache(rt):
     assert torch.isnan(rt.kv_cache[:, :, reserved]).all()
 
 
+def test_a_row_restages_its_constants_when_another_request_takes_it(make_runtime, tiny_checkpoint):
+    """Request constants are staged only when a row changes hands: the second request, moving into
+    row 0 when the first finishes, must bring its own."""
+    rt = make_runtime(tiny_checkpoint, engine__cuda_graph_buckets=[2])
+    first = rt.add_request([1, 2], SamplingParams(max_tokens=2, temperature=0, ignore_eos=True, logprobs=3))
+    rt.add_request([3, 4], SamplingParams(max_tokens=6, temperature=0.8, top_k=7, seed=1, ignore_eos=True))
+    while all(out.request_id != first for out in rt.step()):
+        pass
+    rt.step()  # row 0: the second request; row 1: padding
+    staged = rt.runner.staging
+    assert (staged.top_k[:2].tolist(), staged.num_top[:2].tolist(), staged.wants_logprobs[:2].tolist()) == (
+        [7, -1], [0, 0], [0, 0])
+    assert staged.temperature[0].item() == pytest.approx(0.8) and staged.seed[0].item() == 1
+
+
 def test_padded_rows_never_write_the_cache(make_runtime, tiny_checkpoint):
     _check_padded_rows_never_write_the_cache(make_runtime(tiny_checkpoint, engine__cuda_graph_buckets=[4]))
 
