@@ -11,7 +11,7 @@ import torch
 from qwen3_runtime.sampler import SamplingTensors
 
 # Rows of the int64 table, one entry per batch row each: what changes every step, then what is
-# fixed for a request's lifetime (staged from a cached RequestRow).
+# fixed for a request's lifetime (staged from a RequestRow when a request takes the row).
 STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens")
 REQUEST_INT_FIELDS = ("top_k", "seed", "num_top", "wants_logprobs", "processed")
 INT_FIELDS = STEP_FIELDS + REQUEST_INT_FIELDS

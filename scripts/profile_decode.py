@@ -9,7 +9,6 @@ import argparse
 import collections
 import json
 import statistics
-import tempfile
 import time
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from qwen3_runtime import Runtime, SamplingParams
 from qwen3_runtime.runner import GREEDY
+from scripts.profiling import trace_events
 from scripts.report import environment
 
 
@@ -65,9 +65,7 @@ def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int, logpro
         for _ in range(profiled):
             graphs.run(batch, GREEDY)
         torch.cuda.synchronize()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        events = [e for e in json.load(open(f.name))["traceEvents"] if e.get("cat") == "kernel"]
+    events = [e for e in trace_events(prof) if e.get("cat") == "kernel"]
     per_family = collections.defaultdict(lambda: [0, 0.0])
     for e in events:
         entry = per_family[_kernel_family(e["name"])]

@@ -13,6 +13,13 @@ from qwen3_runtime import Runtime
 _SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize")
 
 
+def trace_events(prof: profile) -> list[dict]:
+    """The events of a finished torch.profiler run, through its Chrome trace."""
+    with tempfile.NamedTemporaryFile(suffix=".json") as f:
+        prof.export_chrome_trace(f.name)
+        return json.load(open(f.name))["traceEvents"]
+
+
 def profile_steps(rt: Runtime, steps: int) -> tuple[list[int], int]:
     """Bytes of every device-to-host copy and the number of host synchronisations that torch.profiler
     records over `steps` engine steps. One more step runs first inside the profile and is not
@@ -21,9 +28,7 @@ def profile_steps(rt: Runtime, steps: int) -> tuple[list[int], int]:
         for i in range(steps + 1):
             with record_function(f"engine_step_{i}"):
                 rt.step()
-    with tempfile.NamedTemporaryFile(suffix=".json") as f:
-        prof.export_chrome_trace(f.name)
-        trace = json.load(open(f.name))["traceEvents"]
+    trace = trace_events(prof)
     start = next(e["ts"] for e in trace if e.get("name") == "engine_step_1")
     counted = [e for e in trace if e.get("ts", -1) >= start]
     copies = [e["args"].get("bytes", -1) for e in counted if e.get("cat") == "gpu_memcpy" and "DtoH" in e["name"]]

@@ -29,5 +29,10 @@ def pdl_launch(t: torch.Tensor) -> dict:
     options (USE_PDL) calls gdc_wait() before it reads anything and gdc_launch_dependents() last:
     triggered first instead, the next kernels' waiting programs took SM slots early and a decode step
     got slower (H200, Qwen3-4B, batch 1: 3.44 against 3.02 ms; triggered last: 2.89)."""
-    on = t.is_cuda and not TRITON_INTERPRET and torch.cuda.get_device_capability(t.device)[0] >= 9
+    on = not TRITON_INTERPRET and _hopper_or_later(t.device)
     return {"USE_PDL": on, **({"launch_pdl": True} if on else {})}
+
+
+@functools.lru_cache
+def _hopper_or_later(device: torch.device) -> bool:
+    return device.type == "cuda" and torch.cuda.get_device_capability(device)[0] >= 9
