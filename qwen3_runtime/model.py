@@ -10,7 +10,7 @@ from torch import nn
 
 from qwen3_runtime.config import ArchitectureConfig
 from qwen3_runtime.ops.decode_attention import paged_decode_attention
-from qwen3_runtime.ops.attention_inputs import QKNormRope, attention_inputs
+from qwen3_runtime.ops.attention_inputs import attention_inputs
 from qwen3_runtime.ops.linear import gated_linear, linear, linear_partials
 from qwen3_runtime.ops.norms import add_rms_norm
 from qwen3_runtime.ops.prefill_attention import prefill_attention
@@ -47,7 +47,7 @@ class RMSNorm(nn.Module):
 
 
 class Rotary(nn.Module):
-    """The half-split (NeoX) rotary embedding's cos/sin table over all positions (applied by attention_inputs and decode attention)."""
+    """The half-split (NeoX) rotary embedding's cos/sin table over all positions (applied by attention_inputs)."""
 
     def __init__(self, head_dim: int, theta: float) -> None:
         super().__init__()
@@ -78,16 +78,14 @@ class Attention(nn.Module):
         """The output projection as [S, T, hidden] partial sums (ops/linear.py), for the next norm to add."""
         k_cache, v_cache = kv_cache
         decode = not meta.is_prefill
-        qkv = linear(x, self.qkv_proj.weight, decode)
-        prep = QKNormRope(self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, rotary.cos_sin)
-        if decode:  # the q/k norm, RoPE and cache store happen inside the attention kernel
-            out = paged_decode_attention(qkv, self.num_heads, self.num_kv_heads, prep, positions, meta.slot_mapping,
-                                         k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
-                                         meta.num_splits)
-        else:
-            q, k, v = attention_inputs(qkv, self.num_heads, self.num_kv_heads, prep, positions, k_cache, v_cache,
-                                       meta.slot_mapping)
+        q, k, v = attention_inputs(linear(x, self.qkv_proj.weight, decode), self.num_heads, self.num_kv_heads,
+                                   self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, rotary.cos_sin, positions,
+                                   k_cache, v_cache, meta.slot_mapping)
+        if meta.is_prefill:
             out = prefill_attention(q, k, v, meta.cu_seqlens, self.scale)
+        else:
+            out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                         self.scale, meta.num_splits)
         return linear_partials(out.reshape(x.shape[0], -1), self.o_proj.weight, decode)
 
 

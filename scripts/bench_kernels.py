@@ -1,7 +1,6 @@
 """Per-kernel decisions for the decode step, measured on the GPU (CUDA-graph replay medians, µs):
 the Qwen3-4B projections through cuBLAS against ops/linear.py's skinny GEMM, and the paged decode
-attention's tile size and split count (the attention kernel includes its q/k norm, RoPE and the new
-token's cache store).
+attention's tile size and split count.
 
 Usage: python -m scripts.bench_kernels --out DIR
 """
@@ -15,7 +14,6 @@ from pathlib import Path
 import torch
 
 from qwen3_runtime.ops import decode_attention
-from qwen3_runtime.ops.attention_inputs import QKNormRope
 from qwen3_runtime.ops.linear import linear, linear_partials
 from scripts.report import environment
 from scripts.timing import copy_bandwidth, graph_us_per_call
@@ -61,20 +59,13 @@ def attention_rows(bandwidth: float) -> list[dict]:
         v_cache = torch.randn_like(k_cache)
         tables = torch.randperm(batch * blocks_per_row, device="cuda").view(batch, -1).int()
         seq_lens = torch.full((batch,), seq_len, device="cuda", dtype=torch.int32)
-        positions = seq_lens.long() - 1
-        last = seq_len - 1
-        slots = tables[:, last // block].long() * block + last % block
-        ones = torch.ones(dim, device="cuda", dtype=torch.bfloat16)
-        prep = QKNormRope(ones, ones, 1e-6, torch.rand(seq_len, dim, device="cuda"))
-        qkv = [torch.randn(batch, (heads + 2 * kv_heads) * dim, device="cuda", dtype=torch.bfloat16)
-               for _ in range(4)]
+        q = [torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
         floor = 2 * k_cache[:-1].numel() * 2 / bandwidth * 1e6
         for block_n, per_sm in itertools.product((16, 32, 64), (1, 2, 4)):
             decode_attention.BLOCK_N, decode_attention.PROGRAMS_PER_SM = block_n, per_sm
             splits = decode_attention.default_num_splits(batch, kv_heads, 1024, num_sms)
             us = graph_us_per_call(lambda x: decode_attention.paged_decode_attention(
-                x, heads, kv_heads, prep, positions, slots, k_cache, v_cache, tables, seq_lens, dim ** -0.5,
-                splits), qkv)
+                x, k_cache, v_cache, tables, seq_lens, dim ** -0.5, splits), q)
             rows.append({"batch": batch, "seq_len": seq_len, "block_n": block_n, "programs_per_sm": per_sm,
                          "splits": splits, "us": us, "floor_us": floor})
             print(f"attention B={batch:2d} L={seq_len:4d} BLOCK_N={block_n:2d} per_sm={per_sm} splits={splits:2d}: "

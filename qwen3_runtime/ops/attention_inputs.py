@@ -8,8 +8,6 @@ normalised value is rounded before the weight multiplies it, and again before th
 """
 from __future__ import annotations
 
-from typing import NamedTuple
-
 import torch
 import triton
 import triton.language as tl
@@ -17,16 +15,6 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from qwen3_runtime.ops import pdl_launch, use_triton
 from qwen3_runtime.ops.norms import add_rms_norm_reference
-
-
-class QKNormRope(NamedTuple):
-    """What turns projected q and k heads into attention's: per-head RMSNorm weights and eps, and the
-    rotary table `cos_sin` [max_len, D] (cos over the first half of each row, sin over the second)."""
-
-    q_weight: torch.Tensor
-    k_weight: torch.Tensor
-    eps: float
-    cos_sin: torch.Tensor
 
 
 @triton.jit
@@ -87,16 +75,16 @@ def _attention_inputs_kernel(qkv_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, p
         gdc_launch_dependents()
 
 
-def attention_inputs(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, prep: QKNormRope,
-                     positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def attention_inputs(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_weight: torch.Tensor,
+                     k_weight: torch.Tensor, eps: float, cos_sin: torch.Tensor, positions: torch.Tensor,
+                     k_cache: torch.Tensor, v_cache: torch.Tensor,
                      slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [T, H, D] and k [T, KVH, D], normed per head and rotated, and v [T, KVH, D] (a view of qkv),
     from qkv [T, (H + 2 KVH) D]; k and v also go into the caches at slot_mapping [T] (-1: skipped).
-    Prefill's; decode does the same inside its attention kernel (`ops.decode_attention`)."""
+    `cos_sin` is [max_len, D]: cos over the first half of each row, sin over the second."""
     if not use_triton(qkv):
-        return attention_inputs_reference(qkv, num_heads, num_kv_heads, prep, positions, k_cache, v_cache,
-                                          slot_mapping)
-    q_weight, k_weight, eps, cos_sin = prep
+        return attention_inputs_reference(qkv, num_heads, num_kv_heads, q_weight, k_weight, eps, cos_sin,
+                                          positions, k_cache, v_cache, slot_mapping)
     tokens, head_dim = qkv.shape[0], q_weight.shape[0]
     assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     assert k_cache.dtype == v_cache.dtype == qkv.dtype
@@ -116,10 +104,10 @@ def _v_view(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int)
     return qkv[:, (num_heads + num_kv_heads) * head_dim:].view(qkv.shape[0], num_kv_heads, head_dim)
 
 
-def attention_inputs_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, prep: QKNormRope,
-                               positions: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+def attention_inputs_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_weight: torch.Tensor,
+                               k_weight: torch.Tensor, eps: float, cos_sin: torch.Tensor, positions: torch.Tensor,
+                               k_cache: torch.Tensor, v_cache: torch.Tensor,
                                slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    q_weight, k_weight, eps, cos_sin = prep
     tokens, head_dim = qkv.shape[0], q_weight.shape[0]
     q, k, _ = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
     cos, sin = cos_sin[positions].to(qkv.dtype)[:, None, :].chunk(2, dim=-1)

@@ -1,4 +1,4 @@
-"""Paged decode attention: one new token per sequence, from its projected q/k/v to the attention output.
+"""Paged decode attention: one new query token per sequence against its cached K/V.
 
 Split-KV (flash-decoding) in two kernels so that short batches still fill the GPU:
 1. grid (batch, kv_head, num_splits): each program takes the query heads sharing
@@ -6,16 +6,12 @@ Split-KV (flash-decoding) in two kernels so that short batches still fill the GP
    contiguous token range of its row, runs an online softmax over BLOCK_N-token
    tiles gathered through the block table, and stores a normalised partial output
    and its log-sum-exp (base 2) to scratch.
-   It also does what `attention_inputs` does for prefill, saving a launch per layer: each program
-   norms and rotates its group's q heads from the raw qkv row, and the new token's k and v; the
-   program whose range holds that token stores them into the cache and uses them from registers
-   for that position (nothing in the kernel reads the slot it writes).
 2. grid (batch, head): merges the splits with exp2(lse_i - max) weights.
 With num_splits == 1 the first kernel writes the output itself and the merge is skipped.
 The grid is static and every token range is derived on the device from seq_lens
 (split length = ceil(seq_len / num_splits) rounded up to whole tiles), so the call
 is CUDA-graph capturable: a split past the end of its row only marks itself empty
-(lse = -inf) and the merge skips it; a row with seq_len 0 gets zeros and stores nothing.
+(lse = -inf) and the merge skips it; a row with seq_len 0 gets zeros.
 """
 import math
 from typing import NamedTuple
@@ -26,7 +22,6 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from qwen3_runtime.ops import pdl_launch, use_triton
-from qwen3_runtime.ops.attention_inputs import QKNormRope, attention_inputs_reference
 
 # Tokens per tile: 32 measured best inside the Qwen3-4B step on the H200 (64 wins only past ~256 tokens/row).
 BLOCK_N = 32
@@ -54,24 +49,13 @@ def decode_workspace(batch: int, num_heads: int, num_splits: int, head_dim: int,
 
 
 @triton.jit
-def _norm_rope(x, partner, weight, weight_partner, cos, sin, first_half, eps, head_dim):
-    """RMSNorm over each row of x [rows, D], then the half-split rotation, whose partner of element d
-    is d +- D/2 (loaded as `partner`). Rounded as `attention_inputs` rounds."""
-    dtype = x.dtype
-    x, partner = x.to(tl.float32), partner.to(tl.float32)
-    inv_rms = tl.rsqrt(tl.sum(x * x, axis=1) / head_dim + eps)[:, None]
-    x = ((x * inv_rms).to(dtype).to(tl.float32) * weight).to(dtype).to(tl.float32)
-    partner = ((partner * inv_rms).to(dtype).to(tl.float32) * weight_partner).to(dtype).to(tl.float32)
-    return tl.where(first_half, x * cos - partner * sin, x * cos + partner * sin).to(dtype)
-
-
-@triton.jit
 def _decode_split_kernel(
-    qkv_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, positions_ptr, slot_mapping_ptr,
-    k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
+    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
     split_out_ptr, partial_lse_ptr,
-    qk_scale_log2, eps, num_splits, num_heads, num_kv_heads, head_dim, group_size,
-    stride_qkv, stride_cache_block, stride_cache_offset, stride_cache_head,
+    qk_scale_log2, num_splits, head_dim, group_size,
+    stride_q_b, stride_q_h,
+    stride_k_block, stride_k_offset, stride_k_head,
+    stride_v_block, stride_v_offset, stride_v_head,
     stride_bt_b,
     stride_so_b, stride_so_h, stride_so_s,
     stride_pl_b, stride_pl_h,
@@ -109,37 +93,11 @@ def _decode_split_kernel(
             tl.store(partial_lse, tl.full([BLOCK_G], float("-inf"), tl.float32), mask=g_mask)
         return
 
-    # The group's q heads and the new token's k, normed and rotated; its v as projected.
-    dtype = qkv_ptr.dtype.element_ty  # the caches' too
-    half = head_dim // 2
-    partner_d = (offs_d + half) % head_dim
-    first_half = offs_d[None, :] < half
-    position = tl.load(positions_ptr + row).to(tl.int64)
-    rotary = cos_sin_ptr + position * head_dim + offs_d[None, :] % half
-    cos = tl.load(rotary, mask=d_mask[None, :], other=0.0).to(dtype).to(tl.float32)
-    sin = tl.load(rotary + half, mask=d_mask[None, :], other=0.0).to(dtype).to(tl.float32)
-    qkv_row = qkv_ptr + row.to(tl.int64) * stride_qkv
-    q_src = qkv_row + heads[:, None] * head_dim
-    q = _norm_rope(tl.load(q_src + offs_d[None, :], mask=gd_mask, other=0.0),
-                   tl.load(q_src + partner_d[None, :], mask=gd_mask, other=0.0),
-                   tl.load(q_weight_ptr + offs_d[None, :], mask=d_mask[None, :], other=0.0).to(tl.float32),
-                   tl.load(q_weight_ptr + partner_d[None, :], mask=d_mask[None, :], other=0.0).to(tl.float32),
-                   cos, sin, first_half, eps, head_dim)
-    k_src = qkv_row + (num_heads + kv_head) * head_dim
-    new_k = _norm_rope(tl.load(k_src + offs_d[None, :], mask=d_mask[None, :], other=0.0),
-                       tl.load(k_src + partner_d[None, :], mask=d_mask[None, :], other=0.0),
-                       tl.load(k_weight_ptr + offs_d[None, :], mask=d_mask[None, :], other=0.0).to(tl.float32),
-                       tl.load(k_weight_ptr + partner_d[None, :], mask=d_mask[None, :], other=0.0).to(tl.float32),
-                       cos, sin, first_half, eps, head_dim)
-    new_v = tl.load(qkv_row + (num_heads + num_kv_heads + kv_head) * head_dim + offs_d[None, :],
-                    mask=d_mask[None, :], other=0.0)
-    new_position = seq_len - 1
-    slot = tl.load(slot_mapping_ptr + row).to(tl.int64)
-    if (new_position < end) & (slot >= 0):  # this split holds the new token: store it (once per row)
-        cache_row = (slot // PAGE_SIZE) * stride_cache_block + (slot % PAGE_SIZE) * stride_cache_offset
-        cache_row += kv_head * stride_cache_head
-        tl.store(k_cache_ptr + cache_row + offs_d[None, :], new_k, mask=d_mask[None, :])
-        tl.store(v_cache_ptr + cache_row + offs_d[None, :], new_v, mask=d_mask[None, :])
+    cache_dtype = k_cache_ptr.dtype.element_ty
+    q = tl.load(
+        q_ptr + row * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
+        mask=gd_mask, other=0.0,
+    ).to(cache_dtype)
 
     running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_G], tl.float32)
@@ -152,11 +110,10 @@ def _decode_split_kernel(
         block_ids = tl.load(block_table + positions // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
         block_offsets = positions % PAGE_SIZE
         kv_mask = n_mask[:, None] & d_mask[None, :]
-        cache_rows = block_ids * stride_cache_block + block_offsets * stride_cache_offset + kv_head * stride_cache_head
-        # The new token's slot is being written by this kernel: take it from registers.
-        is_new = (positions == new_position)[:, None]
-        k = tl.where(is_new, new_k, tl.load(k_cache_ptr + cache_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0))
-        v = tl.where(is_new, new_v, tl.load(v_cache_ptr + cache_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0))
+        k_rows = block_ids * stride_k_block + block_offsets * stride_k_offset + kv_head * stride_k_head
+        v_rows = block_ids * stride_v_block + block_offsets * stride_v_offset + kv_head * stride_v_head
+        k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
 
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
@@ -165,7 +122,7 @@ def _decode_split_kernel(
         alpha = tl.exp2(running_max - new_max)
         p = tl.exp2(scores - new_max[:, None])
         running_sum = running_sum * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(dtype), v, input_precision=DOT_PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(cache_dtype), v, input_precision=DOT_PRECISION)
         running_max = new_max
 
     tl.store(split_out, (acc / running_sum[:, None]).to(split_out_ptr.dtype.element_ty), mask=gd_mask)
@@ -226,12 +183,7 @@ def default_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num
 
 
 def paged_decode_attention(
-    qkv: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    prep: QKNormRope,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
+    q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     block_tables: torch.Tensor,
@@ -241,41 +193,39 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     workspace: DecodeWorkspace | None = None,
 ) -> torch.Tensor:
-    """Attention output [B, H, D] of each row's new token (projected: qkv [B, (H + 2 KVH) D], at
-    positions[b] == seq_lens[b] - 1) over its seq_lens[b] tokens, the new one stored at slot_mapping[b].
+    """Attention of q [B, H, D] over each row's seq_lens[b] cached tokens; returns [B, H, D].
 
     Caches are [num_blocks, block_size, KVH, D]; block_tables [B, max_blocks] int32.
-    out (contiguous [B, H, D], qkv's dtype) and workspace are allocated when not given.
+    out (contiguous, q's shape and dtype) and workspace are allocated when not given.
     """
-    if not use_triton(qkv):
-        reference = paged_decode_attention_reference(qkv, num_heads, num_kv_heads, prep, positions, slot_mapping,
-                                                     k_cache, v_cache, block_tables, seq_lens, scale)
+    if not use_triton(q):
+        reference = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale)
         return reference if out is None else out.copy_(reference)
-    batch = qkv.shape[0]
-    _, block_size, _, head_dim = k_cache.shape
+    batch, num_heads, head_dim = q.shape
+    _, block_size, num_kv_heads, _ = k_cache.shape
     group_size = num_heads // num_kv_heads
     assert num_heads == group_size * num_kv_heads and num_splits >= 1
-    assert qkv.shape[1] == (num_heads + 2 * num_kv_heads) * head_dim and qkv.stride(1) == 1
-    assert k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1 and k_cache.dtype == qkv.dtype
+    assert q.stride(2) == k_cache.stride(3) == v_cache.stride(3) == 1
     if out is None:
-        out = torch.empty(batch, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+        out = torch.empty_like(q, memory_format=torch.contiguous_format)
     if batch == 0:
         return out
     if workspace is None:
-        workspace = decode_workspace(batch, num_heads, num_splits, head_dim, qkv.device)
+        workspace = decode_workspace(batch, num_heads, num_splits, head_dim, q.device)
     partial_out, partial_lse = workspace
-    assert partial_out.shape == (batch, num_heads, num_splits, head_dim) and out.is_contiguous()
+    assert partial_out.shape == (batch, num_heads, num_splits, head_dim) and out.stride(2) == 1
     block_d = triton.next_power_of_2(head_dim)
     # One split needs no merge: it writes the output directly, saving a launch per layer.
     single_split = num_splits == 1
     split_out = out.unsqueeze(2) if single_split else partial_out
 
     _decode_split_kernel[(batch, num_kv_heads, num_splits)](
-        qkv, prep.q_weight, prep.k_weight, prep.cos_sin, positions, slot_mapping,
-        k_cache, v_cache, block_tables, seq_lens,
+        q, k_cache, v_cache, block_tables, seq_lens,
         split_out, partial_lse,
-        scale * math.log2(math.e), prep.eps, num_splits, num_heads, num_kv_heads, head_dim, group_size,
-        qkv.stride(0), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        scale * math.log2(math.e), num_splits, head_dim, group_size,
+        q.stride(0), q.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
         split_out.stride(0), split_out.stride(1), split_out.stride(2),
         partial_lse.stride(0), partial_lse.stride(1),
@@ -287,7 +237,7 @@ def paged_decode_attention(
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
         SINGLE_SPLIT=single_split,
         num_warps=4,
-        **pdl_launch(qkv),
+        **pdl_launch(q),
     )
     if single_split:
         return out
@@ -300,31 +250,12 @@ def paged_decode_attention(
         BLOCK_S=triton.next_power_of_2(num_splits),
         BLOCK_D=block_d,
         num_warps=4,
-        **pdl_launch(qkv),
+        **pdl_launch(q),
     )
     return out
 
 
 def paged_decode_attention_reference(
-    qkv: torch.Tensor,
-    num_heads: int,
-    num_kv_heads: int,
-    prep: QKNormRope,
-    positions: torch.Tensor,
-    slot_mapping: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
-    scale: float,
-) -> torch.Tensor:
-    """Prefill's two steps on one token per row: the inputs (cache store included), then attention."""
-    q, _, _ = attention_inputs_reference(qkv, num_heads, num_kv_heads, prep, positions, k_cache, v_cache,
-                                         slot_mapping)
-    return cached_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale)
-
-
-def cached_attention_reference(
     q: torch.Tensor,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,

@@ -1,10 +1,10 @@
-"""Fused elementwise kernels of a Qwen3 layer, so a decode step launches 8 kernels per layer
+"""Fused elementwise kernels of a Qwen3 layer, so a decode step launches 9 kernels per layer
 instead of ~60 (inside a CUDA graph each launch still costs ~2 µs):
 
 - `add_rms_norm`: residual += delta, then RMSNorm of the new residual (one pass);
 - `silu_mul`: silu(gate) * up from the fused gate/up projection (prefill; decode applies it in the
   projection's epilogue, `ops.linear.gated_linear`).
-(q/k norm, RoPE and the KV-cache store are fused in `attention_inputs`, and for decode in its attention.)
+(q/k norm, RoPE and the KV-cache store are fused in `attention_inputs`.)
 
 Rounding follows Hugging Face's bf16 semantics where it is observable: the residual is rounded to
 the model dtype before it is normalised, and the normalised value is rounded before the weight

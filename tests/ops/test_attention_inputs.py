@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from qwen3_runtime.ops.attention_inputs import QKNormRope, attention_inputs, attention_inputs_reference
+from qwen3_runtime.ops.attention_inputs import attention_inputs, attention_inputs_reference
 
 SENTINEL = -12345.0
 
@@ -36,12 +36,11 @@ def test_normed_rotated_and_stored_exactly_at_the_mapped_slots(head_dim, block_s
     heads, kv_heads, tokens = 4, 2, 7
     qkv, qw, kw, cos_sin, positions, (k_cache, v_cache), slots = _inputs(tokens, heads, kv_heads, head_dim,
                                                                           block_size, 3, torch.float32)
-    prep = QKNormRope(qw, kw, 1e-6, cos_sin)
-    q_ref, k_ref, v_ref = attention_inputs_reference(qkv, heads, kv_heads, prep, positions,
+    q_ref, k_ref, v_ref = attention_inputs_reference(qkv, heads, kv_heads, qw, kw, 1e-6, cos_sin, positions,
                                                      k_cache.clone(), v_cache.clone(), slots)
     expected_k, expected_v = _expected_cache(k_cache, k_ref, slots), _expected_cache(v_cache, v_ref, slots)
 
-    q, k, v = implementation(qkv, heads, kv_heads, prep, positions, k_cache, v_cache, slots)
+    q, k, v = implementation(qkv, heads, kv_heads, qw, kw, 1e-6, cos_sin, positions, k_cache, v_cache, slots)
 
     assert q.shape == (tokens, heads, head_dim) and k.shape == v.shape == (tokens, kv_heads, head_dim)
     torch.testing.assert_close(q, q_ref, rtol=1e-5, atol=1e-5)
@@ -55,8 +54,7 @@ def test_normed_rotated_and_stored_exactly_at_the_mapped_slots(head_dim, block_s
 
 def test_all_rows_padded_leave_the_cache_untouched():
     qkv, qw, kw, cos_sin, positions, (k_cache, v_cache), slots = _inputs(5, 2, 1, 16, 8, 2, torch.float32)
-    attention_inputs(qkv, 2, 1, QKNormRope(qw, kw, 1e-6, cos_sin), positions, k_cache, v_cache,
-                     torch.full_like(slots, -1))
+    attention_inputs(qkv, 2, 1, qw, kw, 1e-6, cos_sin, positions, k_cache, v_cache, torch.full_like(slots, -1))
     assert (k_cache == SENTINEL).all() and (v_cache == SENTINEL).all()
 
 
@@ -65,9 +63,8 @@ def test_all_rows_padded_leave_the_cache_untouched():
 def test_bf16_matches_the_reference_on_the_gpu():
     qkv, qw, kw, cos_sin, positions, caches, slots = _inputs(33, 32, 8, 128, 16, 64, torch.bfloat16, "cuda")
     ref_caches = [c.clone() for c in caches]
-    prep = QKNormRope(qw, kw, 1e-6, cos_sin)
-    ours = attention_inputs(qkv, 32, 8, prep, positions, *caches, slots)
-    ref = attention_inputs_reference(qkv, 32, 8, prep, positions, *ref_caches, slots)
+    ours = attention_inputs(qkv, 32, 8, qw, kw, 1e-6, cos_sin, positions, *caches, slots)
+    ref = attention_inputs_reference(qkv, 32, 8, qw, kw, 1e-6, cos_sin, positions, *ref_caches, slots)
     for a, b in zip(list(ours) + caches, list(ref) + ref_caches):
         assert (a.float() - b.float()).abs().max() <= 0.02 * b.float().abs().max()
     assert torch.equal(caches[1], ref_caches[1])  # v is copied, not computed

@@ -3,11 +3,9 @@ import math
 import pytest
 import torch
 
-from qwen3_runtime.ops.attention_inputs import QKNormRope
 from qwen3_runtime.ops.decode_attention import (
     BLOCK_N,
     MAX_SPLITS,
-    cached_attention_reference,
     decode_workspace,
     default_num_splits,
     paged_decode_attention,
@@ -25,37 +23,6 @@ class PagedKV:
 
     Unused cache slots are NaN and block-table tails -1, so any read of them shows.
     """
-
-    def new_token_inputs(self, num_heads, generator):
-        """Each row's new (last) token as the kernel takes it: projected qkv, positions, cache slots, and
-        the q/k norms and RoPE table. Its cache slot is poisoned: the kernel must write it, not read it."""
-        batch, num_kv_heads, head_dim = len(self.seq_lens), self.k_cache.shape[2], self.k_cache.shape[3]
-        dtype, device = self.k_cache.dtype, self.k_cache.device
-        qkv = (torch.randn(batch, (num_heads + 2 * num_kv_heads) * head_dim, generator=generator) * 3).to(dtype)
-        weights = [(1 + torch.rand(head_dim, generator=generator)).to(dtype) for _ in range(2)]
-        angles = torch.rand(int(self.seq_lens.max()) + 1, head_dim // 2, generator=generator) * 6
-        prep = QKNormRope(*(w.to(device) for w in weights), 1e-6, torch.cat([angles.cos(), angles.sin()], -1).to(device))
-        positions = (self.seq_lens - 1).clamp(min=0)
-        block_size = self.k_cache.shape[1]
-        slots = []
-        for row, seq_len in enumerate(self.seq_lens.tolist()):
-            block = int(self.block_tables[row, (seq_len - 1) // block_size]) if seq_len else -1
-            slots.append(block * block_size + (seq_len - 1) % block_size if seq_len else -1)
-            if seq_len:
-                self.k_cache[block, (seq_len - 1) % block_size] = float("nan")
-                self.v_cache[block, (seq_len - 1) % block_size] = float("nan")
-        slots = torch.tensor(slots, device=device)
-        return qkv.to(device), prep, positions, slots
-
-    def attend(self, fn, qkv, num_heads, prep, positions, slots, scale, **kwargs):
-        """fn (the kernel or its reference) over these caches."""
-        return fn(qkv, num_heads, self.k_cache.shape[2], prep, positions, slots, self.k_cache, self.v_cache,
-                  self.block_tables, self.seq_lens, scale, **kwargs)
-
-    def clone(self):
-        copy = PagedKV.__new__(PagedKV)
-        copy.__dict__.update(self.__dict__, k_cache=self.k_cache.clone(), v_cache=self.v_cache.clone())
-        return copy
 
     def __init__(self, seq_lens, block_size, num_kv_heads, head_dim, generator, dtype=torch.float32, device="cpu"):
         blocks_per_row = [math.ceil(n / block_size) for n in seq_lens]
@@ -108,7 +75,7 @@ def test_reference_matches_dense_float64(block_size, num_kv_heads, group_size):
     q = torch.randn(len(SEQ_LENS), num_kv_heads * group_size, HEAD_DIM, generator=generator)
     scale = HEAD_DIM**-0.5
 
-    out = cached_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale)
+    out = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale)
 
     assert _max_rel_err(out, _dense_attention_float64(q, kv.dense_k, kv.dense_v, scale)) <= 1e-5
 
@@ -127,38 +94,34 @@ def test_kernel_matches_reference(block_size, num_kv_heads, group_size, num_spli
     generator = torch.Generator().manual_seed(block_size + num_splits * 100 + group_size)
     kv = PagedKV(SEQ_LENS, block_size, num_kv_heads, HEAD_DIM, generator)
     num_heads = num_kv_heads * group_size
-    qkv, prep, positions, slots = kv.new_token_inputs(num_heads, generator)
+    q = torch.randn(len(SEQ_LENS), num_heads, HEAD_DIM, generator=generator)
     scale = HEAD_DIM**-0.5
-    expected_kv = kv.clone()
-    expected = expected_kv.attend(paged_decode_attention_reference, qkv, num_heads, prep, positions, slots, scale)
     # Poisoned buffers: any element the kernels fail to write, or read without writing, shows as NaN.
-    out = torch.full_like(expected, float("nan"))
-    workspace = decode_workspace(len(SEQ_LENS), num_heads, num_splits, HEAD_DIM, qkv.device)
+    out = torch.full_like(q, float("nan"))
+    workspace = decode_workspace(len(SEQ_LENS), num_heads, num_splits, HEAD_DIM, q.device)
     workspace.partial_out.fill_(float("nan"))
     workspace.partial_lse.fill_(float("nan"))
 
-    kv.attend(paged_decode_attention, qkv, num_heads, prep, positions, slots, scale, num_splits=num_splits,
-              out=out, workspace=workspace)
+    paged_decode_attention(
+        q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale, num_splits, out=out, workspace=workspace,
+    )
 
+    expected = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale)
     assert not out.isnan().any()
     assert _max_rel_err(out, expected) <= 1e-5
     assert (out[SEQ_LENS.index(0)] == 0).all()
-    # The new tokens' k (normed, rotated) and v went into their slots, and nothing else changed.
-    torch.testing.assert_close(kv.k_cache, expected_kv.k_cache, rtol=1e-5, atol=1e-5, equal_nan=True)
-    assert torch.equal(kv.v_cache.nan_to_num(), expected_kv.v_cache.nan_to_num())
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_kernel_gives_zeros_for_an_all_padded_batch(num_splits):
     generator = torch.Generator().manual_seed(0)
     kv = PagedKV([0, 0], 16, 2, HEAD_DIM, generator)
-    qkv, prep, positions, slots = kv.new_token_inputs(4, generator)
+    q = torch.randn(2, 4, HEAD_DIM, generator=generator)
 
-    out = kv.attend(paged_decode_attention, qkv, 4, prep, positions, slots, 0.25, num_splits=num_splits)
+    out = paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 0.25, num_splits)
 
-    assert out.shape == (2, 4, HEAD_DIM) and out.dtype == qkv.dtype
+    assert out.shape == q.shape and out.dtype == q.dtype
     assert (out == 0).all()
-    assert kv.k_cache.isnan().all() and kv.v_cache.isnan().all()  # no slot written
 
 
 def test_default_num_splits_fills_the_gpu_only_when_rows_are_few():
@@ -174,7 +137,8 @@ def _real_shape_inputs(batch, generator):
     if batch > 1:
         seq_lens[-1] = 0  # a padded row
     kv = PagedKV(seq_lens, 16, 8, 128, generator, dtype=torch.bfloat16, device="cuda")
-    return kv, *kv.new_token_inputs(32, generator)
+    q = torch.randn(batch, 32, 128, generator=generator).bfloat16().cuda()
+    return q, kv
 
 
 @pytest.mark.gpu
@@ -182,18 +146,13 @@ def _real_shape_inputs(batch, generator):
 @pytest.mark.parametrize("batch", [1, 8, 64])
 def test_kernel_matches_reference_on_gpu_bf16(batch):
     generator = torch.Generator().manual_seed(batch)
-    kv, qkv, prep, positions, slots = _real_shape_inputs(batch, generator)
+    q, kv = _real_shape_inputs(batch, generator)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    expected_kv = kv.clone()
-    expected = expected_kv.attend(paged_decode_attention_reference, qkv, 32, prep, positions, slots, 128**-0.5)
+    expected = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 128**-0.5)
     for num_splits in sorted({1, default_num_splits(batch, 8, 4096, num_sms), MAX_SPLITS}):
-        out = kv.attend(paged_decode_attention, qkv, 32, prep, positions, slots, 128**-0.5, num_splits=num_splits)
+        out = paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 128**-0.5, num_splits)
         assert not out.isnan().any()
         assert _max_rel_err(out, expected) <= 1e-2, num_splits
-        written = slots[slots >= 0]
-        k_new, k_ref = (c.flatten(0, 1)[written].float() for c in (kv.k_cache, expected_kv.k_cache))
-        assert (k_new - k_ref).abs().max() <= 0.02 * k_ref.abs().max()
-        assert torch.equal(kv.v_cache.flatten(0, 1)[written], expected_kv.v_cache.flatten(0, 1)[written])
 
 
 @pytest.mark.gpu
@@ -201,30 +160,25 @@ def test_kernel_matches_reference_on_gpu_bf16(batch):
 def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
     generator = torch.Generator().manual_seed(0)
     batch, num_splits, scale = 8, 8, 128**-0.5
-    kv, qkv, prep, positions, slots = _real_shape_inputs(batch, generator)
-    out = torch.empty(batch, 32, 128, dtype=qkv.dtype, device=qkv.device)
-    workspace = decode_workspace(batch, 32, num_splits, 128, qkv.device)
+    q, kv = _real_shape_inputs(batch, generator)
+    out = torch.empty_like(q)
+    workspace = decode_workspace(batch, 32, num_splits, 128, q.device)
 
     def step():
-        kv.attend(paged_decode_attention, qkv, 32, prep, positions, slots, scale, num_splits=num_splits,
-                  out=out, workspace=workspace)
+        paged_decode_attention(
+            q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale, num_splits, out=out, workspace=workspace,
+        )
 
     step()  # compile outside the capture
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         step()
-    # Shorter rows (same blocks), their new tokens one slot further on, a new projection: the captured
-    # grid must adapt on the device.
-    new_lens = (kv.seq_lens // 3).tolist()
+    # Shorter rows (same blocks) and a new query: the captured grid must adapt on the device.
     kv.seq_lens.copy_(kv.seq_lens // 3)
-    positions.copy_((kv.seq_lens - 1).clamp(min=0))
-    slots.copy_(torch.tensor([int(kv.block_tables[row, (n - 1) // 16]) * 16 + (n - 1) % 16 if n else -1
-                              for row, n in enumerate(new_lens)], device=slots.device))
-    qkv.copy_(torch.randn(qkv.shape, generator=generator).bfloat16())
-    expected_kv = kv.clone()
+    q.copy_(torch.randn(q.shape, generator=generator).bfloat16())
     graph.replay()
     torch.cuda.synchronize()
 
-    expected = expected_kv.attend(paged_decode_attention_reference, qkv, 32, prep, positions, slots, scale)
+    expected = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale)
     assert _max_rel_err(out, expected) <= 1e-2
