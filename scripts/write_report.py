@@ -3,8 +3,8 @@ the PNG plots beside them.
 
 Usage: python -m scripts.write_report RESULT_DIR [RESULT_DIR ...] [--notes docs/benchmark-notes.md]
 Later directories win for the parts of a result they share; every table names the run (commit, date,
-repetitions) its part comes from. `logprobs-NAME.json` files (e.g. device-path re-runs of the matrix on
-later commits) are reported beside logprobs.json, targets included.
+repetitions) its part comes from. `logprobs-NAME.json` files (other runs of the matrix: device-path
+re-runs, an earlier commit's full run) are reported beside logprobs.json, targets included.
 """
 from __future__ import annotations
 
@@ -57,7 +57,7 @@ def targets(results: dict) -> list[str]:
     rows = []
     for name in _logprobs_files(results):
         lp = results[name]
-        at = "" if name == "logprobs.json" else f" (re-run, commit {next(iter(lp.values()))['run']['commit']})"
+        at = "" if name == "logprobs.json" else f" (other run, commit {next(iter(lp.values()))['run']['commit']})"
         if "matrix" in lp:
             m = lp["matrix"]["rows"]
             for c in (1, 8, 32):
@@ -93,7 +93,7 @@ def targets(results: dict) -> list[str]:
 
 
 def _logprobs_files(results: dict) -> list[str]:
-    """logprobs.json first, then the re-runs (logprobs-NAME.json) in name order."""
+    """logprobs.json first, then the other runs (logprobs-NAME.json) in name order."""
     names = [name for name in results if _parts(name) == PARTED["logprobs"]]
     return sorted(names, key=lambda name: (name != "logprobs.json", name))
 
