@@ -87,6 +87,9 @@ class EngineConfig:
     cuda_graphs: bool = True
     # Padded batch sizes; None: 1, 2, 4, 8, then steps of 8 up to max_num_seqs.
     cuda_graph_buckets: Optional[list[int]] = None
+    # Launch each decode step before reading the one before, so the host's work overlaps the GPU's; a
+    # request that stops on a token costs one discarded row in the step after.
+    async_scheduling: bool = False
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < self.max_model_len:

@@ -1,7 +1,9 @@
 """Runs the model for a scheduled batch and returns host results with one compact copy per step.
 
 Decode: stage the rows into static buffers, replay the bucket's CUDA graph (model -> lm_head ->
-sampling -> logprobs reduction -> packing -> one copy into pinned memory), wait once.
+sampling -> logprobs reduction -> packing), one copy into pinned memory, wait once. With async
+scheduling the wait for one step comes after the next step is launched (launch_decode /
+finish_decode): the next step's input ids are read on the device from the step before.
 Prefill: an eager forward over whole prompts, prompt logprobs over chunks of positions, then the
 same sampling / reduction / packing for each prompt's last position.
 """
@@ -38,6 +40,16 @@ class RowResult:
 
 
 @dataclass
+class StepInFlight:
+    """A launched step whose results have not been read: they land in `packed_host[buffer]`."""
+
+    seqs: list[Sequence]
+    rows: int
+    lp_logits: torch.Tensor
+    buffer: int
+
+
+@dataclass
 class RunnerStats:
     """Counted at the runner's copy and sync points."""
 
@@ -67,7 +79,12 @@ class ModelRunner:
         self.prompt_logprobs = LogprobBuffers.allocate(self.lp_config.prompt_chunk_size, self.k_max, vocab,
                                                        self.device)
         self.packed = torch.zeros(max_rows, packed_width(self.k_max), dtype=torch.int32, device=self.device)
-        self.packed_host = torch.zeros_like(self.packed, device="cpu", pin_memory=pin)
+        # Two, so a step's copy never lands on results not read yet (async scheduling).
+        self.packed_host = torch.zeros(2, *self.packed.shape, dtype=torch.int32, pin_memory=pin)
+        self._buffer = 0
+        # When each buffer's copy has landed, and when the staging rows were last copied out.
+        self._copied = [torch.cuda.Event() for _ in range(2)] if pin else None
+        self._staged = torch.cuda.Event() if pin else None
         # Prompt logprobs of a whole prefill, packed like a step's rows (O(tokens * (k + 1)), not O(vocab)).
         self.prompt_packed = torch.zeros(engine.max_num_batched_tokens, packed_width(self.k_max), dtype=torch.int32,
                                          device=self.device)
@@ -79,26 +96,47 @@ class ModelRunner:
             with torch.inference_mode():
                 self.graphs.capture()
 
-    @torch.inference_mode()
     def decode(self, seqs: list[Sequence]) -> list[RowResult]:
         """One token (and its logprobs) for each running sequence."""
+        return self.finish_decode(self.launch_decode(seqs))
+
+    @torch.inference_mode()
+    def launch_decode(self, seqs: list[Sequence], prev_rows: Optional[list[int]] = None) -> StepInFlight:
+        """Stage and run a decode step without waiting for it. prev_rows[i] >= 0: seqs[i]'s input token is
+        the one sampled for that row by the step still in flight (its host value not known yet)."""
         batch = self.graphs.padded_size(len(seqs))
-        self._stage(seqs, batch)
+        self._stage(seqs, batch, prev_rows or [-1] * len(seqs))
         _, lp_logits = self.graphs.run(len(seqs), _variant(seqs))
         self.stats.decode_steps += 1
-        return self._results(seqs, batch, lp_logits)
+        return self._copy_out(seqs, batch, lp_logits)
+
+    def finish_decode(self, step: StepInFlight) -> list[RowResult]:
+        return self._results(step)
+
+    def overlappable(self, seqs: list[Sequence]) -> bool:
+        """Whether a step over `seqs` may stay in flight while the next one runs: not when a row takes
+        the host logprobs path, which reads the step's logits after the wait (the next step reuses them)."""
+        return not any(seq.params.logprobs is not None and self._host_path(seq.params.logprobs) for seq in seqs)
 
     def _decode_step(self, batch: int, variant: str) -> torch.Tensor:
-        """The captured step: reads only static inputs, ends with the one device-to-host copy."""
+        """The captured step: reads only static inputs, writes its results into `self.packed`."""
         inp = self.inputs
         num_splits = default_num_splits(batch, self.model.config.num_key_value_heads, self.max_model_len,
                                         num_sms(self.device))
         meta = AttentionMetadata(slot_mapping=inp.slot_mapping[:batch], block_tables=inp.block_tables[:batch],
                                  seq_lens=inp.seq_lens[:batch], num_splits=num_splits)
-        hidden = self.model(inp.input_ids[:batch], inp.positions[:batch], self.kv_cache, meta)
-        lp_logits = self._sample_and_reduce(self.model.compute_logits(hidden), batch, variant)
-        self.packed_host[:batch].copy_(self.packed[:batch], non_blocking=True)
-        return lp_logits
+        prev_row = inp.prev_row[:batch]
+        input_ids = torch.where(prev_row >= 0, self.packed[prev_row.clamp(min=0), 0].long(), inp.input_ids[:batch])
+        hidden = self.model(input_ids, inp.positions[:batch], self.kv_cache, meta)
+        return self._sample_and_reduce(self.model.compute_logits(hidden), batch, variant)
+
+    def _copy_out(self, seqs: list[Sequence], rows: int, lp_logits: torch.Tensor) -> StepInFlight:
+        """The step's one device-to-host copy, into the buffer the step before did not use."""
+        self._buffer ^= 1
+        self.packed_host[self._buffer, :rows].copy_(self.packed[:rows], non_blocking=True)
+        if self._copied is not None:
+            self._copied[self._buffer].record()
+        return StepInFlight(seqs, rows, lp_logits, self._buffer)
 
     @torch.inference_mode()
     def prefill(self, seqs: list[Sequence]) -> list[RowResult]:
@@ -112,12 +150,11 @@ class ModelRunner:
                             self.kv_cache, meta)
         packed_prompts = self._prompt_logprobs(seqs, hidden, cu_seqlens)
         rows = len(seqs)
-        self._stage(seqs, rows)
+        self._stage(seqs, rows, [-1] * rows)
         last = self.model.compute_logits(hidden[self._tensor(cu_seqlens[1:]) - 1])
         lp_logits = self._sample_and_reduce(last, rows, _variant(seqs))
-        self.packed_host[:rows].copy_(self.packed[:rows], non_blocking=True)
         self.stats.prefill_steps += 1
-        results = self._results(seqs, rows, lp_logits)
+        results = self._results(self._copy_out(seqs, rows, lp_logits))
         self._unpack_prompt_logprobs(packed_prompts)  # landed with the step's copy
         return results
 
@@ -184,8 +221,9 @@ class ModelRunner:
         pack(tokens, ~torch.isfinite(peak), out, self.packed[:batch])  # status 1: NaN, +inf or all -inf
         return lp_logits
 
-    def _results(self, seqs: list[Sequence], batch: int, lp_logits: torch.Tensor) -> list[RowResult]:
-        host = self._wait_for_copy(batch)[:len(seqs)]
+    def _results(self, step: StepInFlight) -> list[RowResult]:
+        seqs, lp_logits = step.seqs, step.lp_logits
+        host = self._wait_for_copy(step)[:len(seqs)]
         results = [RowResult(token, error=NOT_FINITE if status else None)
                    for token, status in host[:, :2].tolist()]
         on_device, on_host = [], []
@@ -198,14 +236,14 @@ class ModelRunner:
             results[i].logprob = self._from_full_row(lp_logits[i], results[i].token_id, seqs[i].params.logprobs)
         return results
 
-    def _wait_for_copy(self, rows: int) -> np.ndarray:
-        """The one synchronisation of a step: the packed copy has landed."""
-        if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
+    def _wait_for_copy(self, step: StepInFlight) -> np.ndarray:
+        """The one synchronisation of a step: its packed copy has landed (a step after it may still run)."""
+        if self._copied is not None:
+            self._copied[step.buffer].synchronize()
         self.stats.host_syncs += 1
         self.stats.d2h_copies += 1
-        self.stats.d2h_bytes += rows * self.packed.shape[1] * 4
-        return self.packed_host.numpy()
+        self.stats.d2h_bytes += step.rows * self.packed.shape[1] * 4
+        return self.packed_host[step.buffer].numpy()
 
     def _host_path(self, k: int) -> bool:
         """The old design (a full row to the host, float64 scan): by config, or for k = -1 (the whole
@@ -222,15 +260,17 @@ class ModelRunner:
         except ValueError:  # a row that is not finite: the request is failed by its caller
             return None
 
-    def _stage(self, seqs: list[Sequence], batch: int) -> None:
+    def _stage(self, seqs: list[Sequence], batch: int, prev_rows: list[int]) -> None:
         """Fill the rows (each feeding its last token) and padding up to `batch`, then copy them over."""
+        if self._staged is not None and not self._staged.query():  # the last copy out of these rows must have run
+            self._staged.synchronize()  # (it was queued behind the step already waited for: ~never taken)
         bs = self.block_size
         positions = [seq.num_tokens - 1 for seq in seqs]
         new_requests = {i: self._request_row(seq) for i, seq in enumerate(seqs) if self._staged_requests[i] is not seq}
         self.staging.fill(
             len(seqs), batch, input_ids=[seq.last_token for seq in seqs], positions=positions,
             slot_mapping=[seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)],
-            seq_lens=[p + 1 for p in positions], requests=new_requests)
+            seq_lens=[p + 1 for p in positions], prev_rows=prev_rows, requests=new_requests)
         self._staged_requests[:batch] = seqs + [None] * (batch - len(seqs))
         tables = self.staging.block_tables.numpy()
         for i, seq in enumerate(seqs):
@@ -241,6 +281,8 @@ class ModelRunner:
                 tables[i, :len(seq.block_table)] = seq.block_table
                 self._staged_tables[i] = (seq.block_table, len(seq.block_table))
         self.inputs.copy_from(self.staging, batch)
+        if self._staged is not None:
+            self._staged.record()
 
     def _request_row(self, seq: Sequence) -> RequestRow:
         p, k = seq.params, seq.params.logprobs

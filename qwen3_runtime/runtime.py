@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import random
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional, Sequence as Seq, Union
 
@@ -13,11 +14,19 @@ from qwen3_runtime.config import Config, load_config
 from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache, cdiv, kv_bytes_per_block
 from qwen3_runtime.loader import load_model
 from qwen3_runtime.params import SamplingParams
-from qwen3_runtime.runner import ModelRunner, RunnerStats
+from qwen3_runtime.runner import ModelRunner, RowResult, RunnerStats, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
-from qwen3_runtime.sequence import RequestMetrics, RequestOutput, Sequence
+from qwen3_runtime.sequence import PENDING, RequestMetrics, RequestOutput, Sequence, Status
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+@dataclass
+class _Launched:
+    """A decode step in flight, and where in each sequence's output its token goes."""
+
+    step: StepInFlight
+    token_index: list[int]
 
 
 class Runtime:
@@ -39,6 +48,7 @@ class Runtime:
         self.eos_token_ids = set(arch.eos_token_ids)
         self._next_id = 0
         self.num_generated = 0
+        self._in_flight: Optional[_Launched] = None
 
     @classmethod
     def from_yaml(cls, path: Union[str, Path], overrides: Optional[dict[str, Any]] = None) -> "Runtime":
@@ -62,26 +72,65 @@ class Runtime:
         return self._next_id - 1
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work()
+        return self.scheduler.has_work() or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
-        """One prefill or decode batch; returns the requests that finished in it."""
+        """One prefill or decode batch; returns the requests that finished in it. With async scheduling a
+        decode step is read by the next call, after that call has launched the step after it."""
+        if self._in_flight is not None:
+            return self._step_ahead()
         seqs, is_prefill = self.scheduler.schedule()
         if not seqs:
             return []
-        results = self.runner.prefill(seqs) if is_prefill else self.runner.decode(seqs)
+        if is_prefill:
+            return self._record(seqs, self.runner.prefill(seqs))
+        if self.config.engine.async_scheduling and self.runner.overlappable(seqs):
+            self._in_flight = self._launch(seqs, previous=None)
+            return []
+        return self._record(seqs, self.runner.decode(seqs))
+
+    def _step_ahead(self) -> list[RequestOutput]:
+        """Launch the next decode step (inputs fed on the device from the one in flight), then read the
+        one in flight. Not when a prefill is due: it waits until nothing is in flight."""
+        current, self._in_flight = self._in_flight, None
+        if not self.scheduler.can_admit():
+            ending = frozenset(id(seq) for seq in current.step.seqs if self._reaches_length(seq))
+            seqs = self.scheduler.decode_batch(finishing=ending)
+            if seqs and self.runner.overlappable(seqs):
+                self._in_flight = self._launch(seqs, previous=current)
+        return self._record(current.step.seqs, self.runner.finish_decode(current.step), current.token_index)
+
+    def _launch(self, seqs: list[Sequence], previous: Optional[_Launched]) -> _Launched:
+        rows = {id(seq): row for row, seq in enumerate(previous.step.seqs)} if previous else {}
+        step = self.runner.launch_decode(seqs, [rows.get(id(seq), -1) for seq in seqs])
+        token_index = [len(seq.output) for seq in seqs]
+        for seq in seqs:
+            seq.output.append(PENDING)
+        return _Launched(step, token_index)
+
+    def _record(self, seqs: list[Sequence], results: list[RowResult],
+                token_index: Optional[list[int]] = None) -> list[RequestOutput]:
+        """Each sequence's new token, logprobs and finish; token_index: the slots launched steps hold for
+        them (an async sequence that ends here drops the slot of the step after, whose row is discarded)."""
         now = time.perf_counter()
-        self.num_generated += len(seqs)
         finished = []
-        for seq, result in zip(seqs, results):
+        for i, (seq, result) in enumerate(zip(seqs, results)):
+            if seq.status is Status.FINISHED:  # ended with the step before: this row is discarded
+                continue
+            self.num_generated += 1
             if seq.first_token_time is None:
                 seq.first_token_time = now
             seq.error = seq.error or result.error
             if not seq.error:
-                seq.output.append(result.token_id)
+                if token_index is None:
+                    seq.output.append(result.token_id)
+                else:
+                    seq.output[token_index[i]] = result.token_id
                 seq.logprobs.append(result.logprob)
             reason = "error" if seq.error else self._finish_reason(seq, result.token_id)
             if reason:
+                if token_index is not None:
+                    del seq.output[token_index[i] + (not seq.error):]
                 seq.finish_reason, seq.finished_time = reason, now
                 self.scheduler.finish(seq)
                 finished.append(_to_output(seq))
@@ -149,9 +198,14 @@ class Runtime:
         p = seq.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             return "stop"
-        if len(seq.output) >= p.max_tokens or seq.num_tokens >= self.config.engine.max_model_len:
-            return "length"
-        return None
+        return "length" if self._reaches_length(seq, ahead=seq.output[-1] == PENDING) else None
+
+    def _reaches_length(self, seq: Sequence, ahead: bool = False) -> bool:
+        """Whether its output is at max_tokens or its tokens at max_model_len (`ahead`: not counting the
+        last slot, which belongs to a step launched after the one being read)."""
+        produced = len(seq.output) - ahead
+        return (produced >= seq.params.max_tokens
+                or len(seq.prompt) + produced >= self.config.engine.max_model_len)
 
     def _num_kv_blocks(self) -> int:
         engine = self.config.engine

@@ -27,12 +27,20 @@ class Scheduler:
         batch = self._admit()
         if batch:
             return batch, True
-        return self._decode_batch(), False
+        return self.decode_batch(), False
+
+    def can_admit(self) -> bool:
+        """Whether schedule() would prefill now."""
+        if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
+            return False
+        seq = self.waiting[0]
+        return seq.num_tokens <= self.cfg.max_num_batched_tokens and self.blocks.can_grow(seq)
 
     def finish(self, seq: Sequence) -> None:
+        """Also for a sequence preempted while its last step was still in flight (async scheduling)."""
         seq.status = Status.FINISHED
         self.blocks.release(seq)
-        self.running.remove(seq)
+        (self.running if seq in self.running else self.waiting).remove(seq)
 
     def _admit(self) -> list[Sequence]:
         batch: list[Sequence] = []
@@ -49,11 +57,12 @@ class Scheduler:
             tokens += seq.num_tokens
         return batch
 
-    def _decode_batch(self) -> list[Sequence]:
-        """Every running sequence gets a slot for its next token; the newest are preempted to make room."""
+    def decode_batch(self, finishing: frozenset[int] = frozenset()) -> list[Sequence]:
+        """Every running sequence gets a slot for its next token; the newest are preempted to make room.
+        `finishing`: ids of sequences known to end with the step in flight, left out."""
         batch = []
         for seq in list(self.running):
-            if seq.status is not Status.RUNNING:  # preempted below, as a victim for an older one
+            if seq.status is not Status.RUNNING or id(seq) in finishing:  # preempted below, or ending
                 continue
             if self.blocks.blocks_needed(seq) == 0:  # most steps: its last block has room
                 batch.append(seq)

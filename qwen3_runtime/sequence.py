@@ -13,6 +13,10 @@ if TYPE_CHECKING:
     from qwen3_runtime.logprobs import TokenLogprob
 
 
+# A sampled token still on the device (async scheduling): its output slot holds this until read.
+PENDING = -1
+
+
 class Status(Enum):
     WAITING = "waiting"
     RUNNING = "running"

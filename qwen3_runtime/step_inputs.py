@@ -12,13 +12,14 @@ from qwen3_runtime.sampler import SamplingTensors
 
 # Rows of the int64 table, one entry per batch row each: what changes every step, then what is
 # fixed for a request's lifetime (staged from a RequestRow when a request takes the row).
-STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens")
+STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens", "prev_row")
 REQUEST_INT_FIELDS = ("top_k", "seed", "num_top", "wants_logprobs", "processed")
 INT_FIELDS = STEP_FIELDS + REQUEST_INT_FIELDS
 FLOAT_FIELDS = ("temperature", "top_p")
-# A padded row: token 0 at position 0, no cache slot (-1: the KV store skips it), no context,
-# greedy, no logprobs.
-PADDING = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "seq_lens": 0, "top_k": -1, "seed": 0,
+# prev_row: the row, in the step still in flight, whose sampled token is this row's input (async
+# scheduling; -1: input_ids holds it). A padded row: token 0 at position 0, no cache slot (-1: the KV
+# store skips it), no context, greedy, no logprobs.
+PADDING = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "seq_lens": 0, "prev_row": -1, "top_k": -1, "seed": 0,
            "num_top": 0, "wants_logprobs": 0, "processed": 0, "temperature": 0.0, "top_p": 1.0}
 INT_PADDING = np.array([PADDING[f] for f in INT_FIELDS], dtype=np.int64)[:, None]
 FLOAT_PADDING = np.array([PADDING[f] for f in FLOAT_FIELDS], dtype=np.float32)[:, None]
@@ -51,13 +52,13 @@ class StepInputs:
         raise AttributeError(name)
 
     def fill(self, rows: int, batch: int, input_ids: list[int], positions: list[int], slot_mapping: list[int],
-             seq_lens: list[int], requests: dict[int, RequestRow]) -> None:
+             seq_lens: list[int], prev_rows: list[int], requests: dict[int, RequestRow]) -> None:
         """Set the first `rows` entries (host side, whole NumPy rows at a time: per-element work is what
         costs here) and the request constants of the rows in `requests` (those that hold another
         request than last time: the others keep theirs), and make rows [rows, batch) padding so stale
         rows of an earlier batch never write the cache."""
         ints, floats = self.ints.numpy(), self.floats.numpy()
-        ints[:len(STEP_FIELDS), :rows] = (input_ids, positions, slot_mapping, seq_lens)
+        ints[:len(STEP_FIELDS), :rows] = (input_ids, positions, slot_mapping, seq_lens, prev_rows)
         for row, request in requests.items():
             ints[len(STEP_FIELDS):, row] = request.ints
             floats[:, row] = request.floats

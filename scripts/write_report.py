@@ -3,8 +3,9 @@ the PNG plots beside them.
 
 Usage: python -m scripts.write_report RESULT_DIR [RESULT_DIR ...] [--notes docs/benchmark-notes.md]
 Later directories win for the parts of a result they share; every table names the run (commit, date,
-repetitions) its part comes from. `logprobs-NAME.json` files (other runs of the matrix: device-path
-re-runs, an earlier commit's full run) are reported beside logprobs.json, targets included.
+repetitions) its part comes from. `logprobs-NAME.json` and `decode-NAME.json` files (other runs: device-path
+re-runs of the matrix, an earlier commit's full run, decode with async scheduling) are reported beside
+logprobs.json and decode.json, targets included.
 """
 from __future__ import annotations
 
@@ -48,14 +49,18 @@ def _table(header: list[str], rows: list[list]) -> list[str]:
                                                                           for r in rows]
 
 
-def _ours(decode: dict, batch: int) -> dict:
-    return next(r for r in decode["rows"] if r["mode"] == "graph" and r["batch"] == batch)
+def _ours(decode: dict, batch: int, mode: str = "graph") -> dict | None:
+    return next((r for r in decode["rows"] if r["mode"] == mode and r["batch"] == batch), None)
+
+
+# Our decode modes whose speed-up over transformers a decode run may carry: (mode, row key, label).
+SPEEDUPS = (("graph", "speedup_of_ours", ""), ("graph-async", "speedup_of_async", ", async scheduling"))
 
 
 def targets(results: dict) -> list[str]:
     """Issue 5's targets against the measured figures."""
     rows = []
-    for name in _logprobs_files(results):
+    for name in _files(results, "logprobs"):
         lp = results[name]
         at = "" if name == "logprobs.json" else f" (other run, commit {next(iter(lp.values()))['run']['commit']})"
         if "matrix" in lp:
@@ -81,38 +86,44 @@ def targets(results: dict) -> list[str]:
         ok = all(r["d2h_copies_per_step"] == 1 and r["host_syncs_per_step"] == 1 for r in dev)
         rows.append(["device-to-host copies / syncs per decode step", "1 / 1",
                      " ; ".join(f"{r['d2h_copies_per_step']:g} / {r['host_syncs_per_step']:g}" for r in dev), _mark(ok)])
-    if "decode.json" in results:
-        d = results["decode.json"]
-        ratio = _ours(d, 1)["tpot_ms"] / d["floor_ms"]
-        rows.append(["decode TPOT / weight-read floor, batch 1", "≤ 1.25", f"{ratio:.2f}", _mark(ratio <= 1.25)])
-        for r in d["rows"]:
-            if "speedup_of_ours" in r:
-                rows.append([f"speed-up over transformers static cache, batch {r['batch']}", "≥ 2.5×",
-                             f"{r['speedup_of_ours']:.2f}×", _mark(r["speedup_of_ours"] >= 2.5)])
+    for name in _files(results, "decode"):
+        d = results[name]
+        at = "" if name == "decode.json" else f" (other run, commit {d['commit']})"
+        for mode, key, label in SPEEDUPS:
+            if _ours(d, 1, mode):
+                ratio = _ours(d, 1, mode)["tpot_ms"] / d["floor_ms"]
+                rows.append([f"decode TPOT / weight-read floor, batch 1{label}{at}", "≤ 1.25", f"{ratio:.2f}",
+                             _mark(ratio <= 1.25)])
+            for r in d["rows"]:
+                if key in r:
+                    rows.append([f"speed-up over transformers static cache, batch {r['batch']}{label}{at}", "≥ 2.5×",
+                                 f"{r[key]:.2f}×", _mark(r[key] >= 2.5)])
     return ["## Issue 5's targets", ""] + _table(["target", "bar", "measured", ""], rows)
 
 
-def _logprobs_files(results: dict) -> list[str]:
-    """logprobs.json first, then the other runs (logprobs-NAME.json) in name order."""
-    names = [name for name in results if _parts(name) == PARTED["logprobs"]]
-    return sorted(names, key=lambda name: (name != "logprobs.json", name))
+def _files(results: dict, kind: str) -> list[str]:
+    """KIND.json first, then the other runs (KIND-NAME.json) in name order."""
+    names = [name for name in results if name.removesuffix(".json").split("-")[0] == kind]
+    return sorted(names, key=lambda name: (name != f"{kind}.json", name))
+
 
 
 def _mark(ok: bool) -> str:
     return "met" if ok else "**missed**"
 
 
-def decode(d: dict) -> list[str]:
-    lines = [f"## Decode TPOT, {d['config']} (random bf16 weights), greedy, {d['prompt_len']}-token prompts, "
+def decode(d: dict, other_run: str = "") -> list[str]:
+    lines = [f"## Decode TPOT{other_run}, {d['config']} (random bf16 weights), greedy, {d['prompt_len']}-token prompts, "
              f"{d['max_tokens']} output tokens", "", _run(d), "",
              f"Weight-read floor: {d['weight_bytes'] / 1e9:.2f} GB of weights / {d['copy_bandwidth_bytes_s'] / 1e12:.2f} "
              f"TB/s device-to-device copy bandwidth (same run) = **{d['floor_ms']:.3f} ms**. "
-             "![TPOT against the floor](decode_vs_floor.png)", ""]
+             + ("" if other_run else "![TPOT against the floor](decode_vs_floor.png)"), ""]
+    modes = [(key, f"ours ({mode}) is faster by") for mode, key, _ in SPEEDUPS if any(key in r for r in d["rows"])]
     rows = [[r["mode"], r["batch"], f"{r['tpot_ms']:.2f}", f"{r['vs_floor']:.2f}",
              f"{r['ttft_ms']:.1f}" if "ttft_ms" in r else "–", f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else "–",
-             f"{r['speedup_of_ours']:.2f}×" if "speedup_of_ours" in r else "–"] for r in d["rows"]]
+             *(f"{r[key]:.2f}×" if key in r else "–" for key, _ in modes)] for r in d["rows"]]
     return lines + _table(["mode", "batch", "TPOT ms", "× floor", "TTFT ms", "output tokens/s",
-                           "ours (graph) is faster by"], rows)
+                           *(header for _, header in modes)], rows)
 
 
 def profile(p: dict) -> list[str]:
@@ -262,7 +273,9 @@ def main() -> None:
     for name, section in SECTIONS.items():
         if name in results:
             lines += section(results[name]) + [""]
-    for name in [name for name in _logprobs_files(results) if name != "logprobs.json"]:
+    for name in [name for name in _files(results, "decode") if name != "decode.json"]:
+        lines += decode(results[name], other_run=f": {name.removesuffix('.json').split('-', 1)[1]}") + [""]
+    for name in [name for name in _files(results, "logprobs") if name != "logprobs.json"]:
         lines += logprobs(results[name], rerun=f": {name.removesuffix('.json').split('-', 1)[1]}") + [""]
     if args.notes:
         lines += [args.notes.read_text()]

@@ -92,3 +92,54 @@ def test_metrics_are_filled(make_runtime, tiny_checkpoint):
     out = make_runtime(tiny_checkpoint).generate([[1, 2, 3]], GREEDY)[0]
     m = out.metrics
     assert m.arrival_time <= m.first_token_time <= m.finished_time
+
+
+def _results(outs):
+    return [(o.token_ids, o.finish_reason, o.error, None if o.logprobs is None else list(o.logprobs)) for o in outs]
+
+
+def _overlaps(rt) -> list[tuple[bool, bool]]:
+    """Spy: for each decode launch, whether an earlier launched step was still unread, and whether a
+    request asking for logprobs was in either step."""
+    runner, unread, seen = rt.runner, [], []
+    launch, finish = runner.launch_decode, runner.finish_decode
+
+    def spy_launch(seqs, *args, **kwargs):
+        rows = seqs + [seq for step in unread for seq in step.seqs]
+        seen.append((bool(unread), any(seq.params.logprobs is not None for seq in rows)))
+        unread.append(launch(seqs, *args, **kwargs))
+        return unread[-1]
+
+    def spy_finish(step):
+        unread.remove(step)
+        return finish(step)
+
+    runner.launch_decode, runner.finish_decode = spy_launch, spy_finish
+    return seen
+
+
+@pytest.mark.parametrize("path", ["device", "host"])
+def test_async_scheduling_gives_the_same_results(make_runtime, tiny_checkpoint, path):
+    prompts = [[i + 1] * (10 + 7 * i) for i in range(6)] + [[2] * 124]  # the last ends at max_model_len
+    free = make_runtime(tiny_checkpoint).generate([prompts[1]], GREEDY)[0].token_ids
+    params = [GREEDY,
+              SamplingParams(max_tokens=32, temperature=0, stop_token_ids=[free[5]], logprobs=5),  # stops early
+              SamplingParams(max_tokens=7, temperature=0.9, top_p=0.9, seed=3, logprobs=2, ignore_eos=True),
+              SamplingParams(max_tokens=1, temperature=0, ignore_eos=True),
+              SamplingParams(max_tokens=20, temperature=1.0, top_k=20, seed=8, ignore_eos=True),
+              GREEDY, GREEDY]
+    # Few blocks and rows: preemptions and admissions while steps are in flight.
+    config = dict(engine__num_kv_blocks=10, engine__max_model_len=128, engine__max_num_seqs=4, logprobs__path=path)
+    reference = make_runtime(tiny_checkpoint, **config).generate(prompts, params)
+    rt = make_runtime(tiny_checkpoint, engine__async_scheduling=True, **config)
+    overlaps = _overlaps(rt)
+
+    outs = rt.generate(prompts, params)
+
+    assert _results(outs) == _results(reference)
+    assert outs[1].finish_reason == "stop" and outs[1].token_ids[-1] == free[5]
+    assert outs[6].finish_reason == "length" and len(outs[6].token_ids) == 4
+    assert rt.scheduler.num_preemptions > 0 and len(rt.scheduler.blocks.free) == 10
+    # Launched ahead of the read, except around host-path rows: those read the step's logits after it.
+    assert any(overlap for overlap, _ in overlaps) and not rt.has_unfinished()
+    assert any(overlap and logprobs for overlap, logprobs in overlaps) == (path == "device")

@@ -9,17 +9,18 @@ SAMPLED = RequestRow((40, 3, 5, 1, 1), (1.0, 0.9))
 def test_rows_padding_and_copy():
     host = StepInputs.allocate(4, 3, torch.device("cpu"))
     device = StepInputs.allocate(4, 3, torch.device("cpu"))
-    host.fill(2, 2, input_ids=[7, 8], positions=[5, 0], slot_mapping=[21, 33], seq_lens=[6, 1],
+    host.fill(2, 2, input_ids=[7, 8], positions=[5, 0], slot_mapping=[21, 33], seq_lens=[6, 1], prev_rows=[-1, 0],
               requests={0: GREEDY, 1: SAMPLED})
     assert host.top_k.tolist()[:2] == [-1, 40] and host.num_top.tolist()[:2] == [0, 5]
     assert host.top_p.tolist()[:2] == [1.0, 0.8999999761581421] and host.processed.tolist()[:2] == [0, 1]
     host.block_tables[0] = torch.tensor([2, 1, 0])
-    host.fill(1, 4, input_ids=[7], positions=[5], slot_mapping=[21], seq_lens=[6], requests={})
+    host.fill(1, 4, input_ids=[7], positions=[5], slot_mapping=[21], seq_lens=[6], prev_rows=[1], requests={})
     # row 0 keeps its request's constants; row 1 was stale: it must have become padding
     device.copy_from(host, 4)
     assert device.input_ids.tolist() == [7, 0, 0, 0]
     assert device.slot_mapping.tolist() == [21, -1, -1, -1]
     assert device.seq_lens.tolist() == [6, 0, 0, 0] and device.wants_logprobs.tolist() == [0, 0, 0, 0]
+    assert device.prev_row.tolist() == [1, -1, -1, -1]
     assert device.top_k.tolist() == [-1, -1, -1, -1] and device.num_top.tolist() == [0, 0, 0, 0]
     assert device.temperature.tolist() == [0.5, 0.0, 0.0, 0.0] and device.top_p.tolist()[1:] == [1.0] * 3
     sampling = device.sampling(2)
@@ -30,6 +31,6 @@ def test_rows_padding_and_copy():
 def test_seeds_keep_all_63_bits():
     host = StepInputs.allocate(1, 1, torch.device("cpu"))
     seed = 2**63 - 5
-    host.fill(1, 1, input_ids=[1], positions=[0], slot_mapping=[0], seq_lens=[1],
+    host.fill(1, 1, input_ids=[1], positions=[0], slot_mapping=[0], seq_lens=[1], prev_rows=[-1],
               requests={0: RequestRow((-1, seed, 0, 0, 0), (1.0, 1.0))})
     assert host.seed.tolist() == [seed]
