@@ -84,7 +84,7 @@ class ModelRunner:
         self._buffer = 0
         # When each buffer's copy has landed, and when the staging rows were last copied out.
         self._copied = [torch.cuda.Event() for _ in range(2)] if pin else None
-        self._staged = torch.cuda.Event() if pin else None
+        self._staging_copied = torch.cuda.Event() if pin else None
         # Prompt logprobs of a whole prefill, packed like a step's rows (O(tokens * (k + 1)), not O(vocab)).
         self.prompt_packed = torch.zeros(engine.max_num_batched_tokens, packed_width(self.k_max), dtype=torch.int32,
                                          device=self.device)
@@ -262,8 +262,10 @@ class ModelRunner:
 
     def _stage(self, seqs: list[Sequence], batch: int, prev_rows: list[int]) -> None:
         """Fill the rows (each feeding its last token) and padding up to `batch`, then copy them over."""
-        if self._staged is not None and not self._staged.query():  # the last copy out of these rows must have run
-            self._staged.synchronize()  # (it was queued behind the step already waited for: ~never taken)
+        # The last copy out of these rows must have run: it was queued right behind the step already
+        # waited for, so this wait is almost never taken.
+        if self._staging_copied is not None and not self._staging_copied.query():
+            self._staging_copied.synchronize()
         bs = self.block_size
         positions = [seq.num_tokens - 1 for seq in seqs]
         new_requests = {i: self._request_row(seq) for i, seq in enumerate(seqs) if self._staged_requests[i] is not seq}
@@ -281,8 +283,8 @@ class ModelRunner:
                 tables[i, :len(seq.block_table)] = seq.block_table
                 self._staged_tables[i] = (seq.block_table, len(seq.block_table))
         self.inputs.copy_from(self.staging, batch)
-        if self._staged is not None:
-            self._staged.record()
+        if self._staging_copied is not None:
+            self._staging_copied.record()
 
     def _request_row(self, seq: Sequence) -> RequestRow:
         p, k = seq.params, seq.params.logprobs

@@ -227,11 +227,15 @@ def _gpu_requests(vocab):
 def test_graph_eager_and_host_paths_agree(config):
     runs = {}
     for name, overrides in (("graph", {}), ("eager", {"engine.cuda_graphs": False}),
-                            ("host", {"logprobs.path": "host"})):
+                            ("host", {"logprobs.path": "host"}), ("async", {"engine.async_scheduling": True})):
         rt = _gpu_runtime(config, **overrides)
         runs[name] = _run_joining(rt, _gpu_requests(rt.vocab_size))
         del rt
         torch.cuda.empty_cache()
+    listed = lambda lps: None if lps is None else list(lps)  # noqa: E731
+    for g, a in zip(runs["graph"], runs["async"]):  # the same batches, one step launched ahead
+        assert g.token_ids == a.token_ids
+        assert listed(g.logprobs) == listed(a.logprobs) and listed(g.prompt_logprobs) == listed(a.prompt_logprobs)
     for g, e, h in zip(runs["graph"], runs["eager"], runs["host"]):
         assert g.token_ids == e.token_ids == h.token_ids
         for lps in ((g.logprobs, e.logprobs, h.logprobs), (g.prompt_logprobs, e.prompt_logprobs, h.prompt_logprobs)):
