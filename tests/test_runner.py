@@ -194,6 +194,21 @@ def test_nan_logits_fail_only_that_request(make_runtime, make_checkpoint):
     assert outs[0].error is None and outs[2].error is None
 
 
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_nan_logits_in_decode_fail_only_that_request(make_runtime, make_checkpoint, async_scheduling):
+    checkpoint = make_checkpoint(tie_word_embeddings=False)
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=2)
+    free = make_runtime(checkpoint).generate([[4, 5]], params)[0].token_ids
+    rt = make_runtime(checkpoint, engine__async_scheduling=async_scheduling)
+    rt.model.model.embed_tokens.weight.data[free[2]] = float("nan")  # the step reading that token turns NaN
+
+    outs = rt.generate([[4, 5], [6, 7, 8]], params)
+
+    assert outs[0].finish_reason == "error" and "not finite" in outs[0].error
+    assert outs[0].token_ids == free[:free.index(free[2]) + 1] and len(outs[0].logprobs) == len(outs[0].token_ids)
+    assert free[2] not in outs[1].token_ids and outs[1].error is None and len(outs[1].token_ids) == 8
+
+
 # ---- on the GPU ---------------------------------------------------------------------------------
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 GPU_OVERRIDES = {"engine.max_model_len": 1024, "engine.max_num_seqs": 16, "engine.max_num_batched_tokens": 4096}
