@@ -2,8 +2,8 @@
 
 Decode: stage the rows into static buffers, replay the bucket's CUDA graph (model -> lm_head ->
 sampling -> logprobs reduction -> packing), one copy into pinned memory, wait once. With async
-scheduling the wait for one step comes after the next step is launched (launch_decode /
-finish_decode): the next step's input ids are read on the device from the step before.
+scheduling the wait for one step comes after the next step is launched (launch_decode / collect):
+the next step's input ids are read on the device from the step before.
 Prefill: an eager forward over whole prompts, prompt logprobs over chunks of positions, then the
 same sampling / reduction / packing for each prompt's last position.
 """
@@ -39,7 +39,7 @@ class RowResult:
     error: Optional[str] = None
 
 
-@dataclass
+@dataclass(eq=False)
 class StepInFlight:
     """A launched step whose results have not been read: they land in `packed_host[buffer]`."""
 
@@ -63,6 +63,7 @@ class RunnerStats:
 class ModelRunner:
     def __init__(self, model: Qwen3ForCausalLM, kv_cache: torch.Tensor, config: Config) -> None:
         engine, self.lp_config = config.engine, config.logprobs
+        self.async_scheduling = engine.async_scheduling
         self.model, self.kv_cache, self.device = model, kv_cache, kv_cache.device
         self.block_size, self.max_model_len = engine.block_size, engine.max_model_len
         vocab, max_rows = model.config.vocab_size, engine.max_num_seqs
@@ -98,25 +99,24 @@ class ModelRunner:
 
     def decode(self, seqs: list[Sequence]) -> list[RowResult]:
         """One token (and its logprobs) for each running sequence."""
-        return self.finish_decode(self.launch_decode(seqs))
+        return self.collect(self.launch_decode(seqs))
 
     @torch.inference_mode()
     def launch_decode(self, seqs: list[Sequence], prev_rows: Optional[list[int]] = None) -> StepInFlight:
         """Stage and run a decode step without waiting for it. prev_rows[i] >= 0: seqs[i]'s input token is
         the one sampled for that row by the step still in flight (its host value not known yet)."""
         batch = self.graphs.padded_size(len(seqs))
-        self._stage(seqs, batch, prev_rows or [-1] * len(seqs))
+        self._stage(seqs, batch, prev_rows)
         _, lp_logits = self.graphs.run(len(seqs), _variant(seqs))
         self.stats.decode_steps += 1
         return self._copy_out(seqs, batch, lp_logits)
 
-    def finish_decode(self, step: StepInFlight) -> list[RowResult]:
-        return self._results(step)
-
     def overlappable(self, seqs: list[Sequence]) -> bool:
-        """Whether a step over `seqs` may stay in flight while the next one runs: not when a row takes
-        the host logprobs path, which reads the step's logits after the wait (the next step reuses them)."""
-        return not any(seq.params.logprobs is not None and self._host_path(seq.params.logprobs) for seq in seqs)
+        """Whether a step over `seqs` may stay in flight while the next one runs (async scheduling): not
+        when a row takes the host logprobs path, which reads the step's logits after the wait (the next
+        step reuses them)."""
+        return self.async_scheduling and not any(
+            seq.params.logprobs is not None and self._host_path(seq.params.logprobs) for seq in seqs)
 
     def _decode_step(self, batch: int, variant: str) -> torch.Tensor:
         """The captured step: reads only static inputs, writes its results into `self.packed`."""
@@ -125,8 +125,10 @@ class ModelRunner:
                                         num_sms(self.device))
         meta = AttentionMetadata(slot_mapping=inp.slot_mapping[:batch], block_tables=inp.block_tables[:batch],
                                  seq_lens=inp.seq_lens[:batch], num_splits=num_splits)
-        prev_row = inp.prev_row[:batch]
-        input_ids = torch.where(prev_row >= 0, self.packed[prev_row.clamp(min=0), 0].long(), inp.input_ids[:batch])
+        input_ids = inp.input_ids[:batch]
+        if self.async_scheduling:  # rows fed by the step in flight read its sampled token here
+            prev_row = inp.prev_row[:batch]
+            input_ids = torch.where(prev_row >= 0, self.packed[prev_row.clamp(min=0), 0].long(), input_ids)
         hidden = self.model(input_ids, inp.positions[:batch], self.kv_cache, meta)
         return self._sample_and_reduce(self.model.compute_logits(hidden), batch, variant)
 
@@ -150,11 +152,11 @@ class ModelRunner:
                             self.kv_cache, meta)
         packed_prompts = self._prompt_logprobs(seqs, hidden, cu_seqlens)
         rows = len(seqs)
-        self._stage(seqs, rows, [-1] * rows)
+        self._stage(seqs, rows)
         last = self.model.compute_logits(hidden[self._tensor(cu_seqlens[1:]) - 1])
         lp_logits = self._sample_and_reduce(last, rows, _variant(seqs))
         self.stats.prefill_steps += 1
-        results = self._results(self._copy_out(seqs, rows, lp_logits))
+        results = self.collect(self._copy_out(seqs, rows, lp_logits))
         self._unpack_prompt_logprobs(packed_prompts)  # landed with the step's copy
         return results
 
@@ -221,7 +223,8 @@ class ModelRunner:
         pack(tokens, ~torch.isfinite(peak), out, self.packed[:batch])  # status 1: NaN, +inf or all -inf
         return lp_logits
 
-    def _results(self, step: StepInFlight) -> list[RowResult]:
+    def collect(self, step: StepInFlight) -> list[RowResult]:
+        """Wait for a launched step's copy and turn its rows into results."""
         seqs, lp_logits = step.seqs, step.lp_logits
         host = self._wait_for_copy(step)[:len(seqs)]
         results = [RowResult(token, error=NOT_FINITE if status else None)
@@ -260,8 +263,9 @@ class ModelRunner:
         except ValueError:  # a row that is not finite: the request is failed by its caller
             return None
 
-    def _stage(self, seqs: list[Sequence], batch: int, prev_rows: list[int]) -> None:
-        """Fill the rows (each feeding its last token) and padding up to `batch`, then copy them over."""
+    def _stage(self, seqs: list[Sequence], batch: int, prev_rows: Optional[list[int]] = None) -> None:
+        """Fill the rows (each feeding its last token, or with prev_rows the token the step in flight
+        samples for that row) and padding up to `batch`, then copy them over."""
         # The last copy out of these rows must have run: it was queued right behind the step already
         # waited for, so this wait is almost never taken.
         if self._staging_copied is not None and not self._staging_copied.query():
@@ -272,7 +276,7 @@ class ModelRunner:
         self.staging.fill(
             len(seqs), batch, input_ids=[seq.last_token for seq in seqs], positions=positions,
             slot_mapping=[seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)],
-            seq_lens=[p + 1 for p in positions], prev_rows=prev_rows, requests=new_requests)
+            seq_lens=[p + 1 for p in positions], prev_rows=prev_rows or [-1] * len(seqs), requests=new_requests)
         self._staged_requests[:batch] = seqs + [None] * (batch - len(seqs))
         tables = self.staging.block_tables.numpy()
         for i, seq in enumerate(seqs):

@@ -84,7 +84,7 @@ class Runtime:
             return []
         if is_prefill:
             return self._record(seqs, self.runner.prefill(seqs))
-        if self.config.engine.async_scheduling and self.runner.overlappable(seqs):
+        if self.runner.overlappable(seqs):
             self._in_flight = self._launch(seqs, previous=None)
             return []
         return self._record(seqs, self.runner.decode(seqs))
@@ -98,7 +98,7 @@ class Runtime:
             seqs = self.scheduler.decode_batch(finishing=ending)
             if seqs and self.runner.overlappable(seqs):
                 self._in_flight = self._launch(seqs, previous=current)
-        return self._record(current.step.seqs, self.runner.finish_decode(current.step), current.token_index)
+        return self._record(current.step.seqs, self.runner.collect(current.step), current.token_index)
 
     def _launch(self, seqs: list[Sequence], previous: Optional[_Launched]) -> _Launched:
         rows = {id(seq): row for row, seq in enumerate(previous.step.seqs)} if previous else {}

@@ -102,7 +102,7 @@ def _overlaps(rt) -> list[tuple[bool, bool]]:
     """Spy: for each decode launch, whether an earlier launched step was still unread, and whether a
     request asking for logprobs was in either step."""
     runner, unread, seen = rt.runner, [], []
-    launch, finish = runner.launch_decode, runner.finish_decode
+    launch, collect = runner.launch_decode, runner.collect
 
     def spy_launch(seqs, *args, **kwargs):
         rows = seqs + [seq for step in unread for seq in step.seqs]
@@ -110,11 +110,12 @@ def _overlaps(rt) -> list[tuple[bool, bool]]:
         unread.append(launch(seqs, *args, **kwargs))
         return unread[-1]
 
-    def spy_finish(step):
-        unread.remove(step)
-        return finish(step)
+    def spy_collect(step):
+        if step in unread:  # prefills are collected at once
+            unread.remove(step)
+        return collect(step)
 
-    runner.launch_decode, runner.finish_decode = spy_launch, spy_finish
+    runner.launch_decode, runner.collect = spy_launch, spy_collect
     return seen
 
 
