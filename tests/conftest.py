@@ -27,6 +27,10 @@ def _write_checkpoint(path: Path, *, tie_word_embeddings: bool = True, num_key_v
         tie_word_embeddings=tie_word_embeddings, eos_token_id=None, bos_token_id=None,
         pad_token_id=None, initializer_range=0.05)
     model = transformers.Qwen3ForCausalLM(config).to(dtype)
+    with torch.no_grad():  # norms other than the identity, as in trained checkpoints
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.copy_(1 + 0.3 * torch.randn_like(param))
     model.save_pretrained(path, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     return path
 
