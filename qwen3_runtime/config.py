@@ -89,7 +89,7 @@ class EngineConfig:
     cuda_graph_buckets: Optional[list[int]] = None
     # Launch each decode step before reading the one before, so the host's work overlaps the GPU's; a
     # request that stops on a token costs one discarded row in the step after.
-    async_scheduling: bool = False
+    async_scheduling: bool = True
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < self.max_model_len:

@@ -16,7 +16,7 @@ exec > >(tee "$OUT/gpu_check.log") 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
 for step in $steps; do
   case $step in
-    tests)  run python3 -m pytest -m gpu -p no:cacheprovider -q -rs -rP ;;
+    tests)  run python3 -m pytest -m gpu -p no:cacheprovider -rs ;;
     parity) run python3 -m scripts.gpu_parity --config qwen3-0.6b --out "$OUT" ;;
     profile) run python3 -m scripts.profile_decode --config qwen3-4b --batch 1 8 32 64 --out "$OUT" ;;
     decode) run python3 -m scripts.bench_decode --config qwen3-4b ${QUICK:+--quick} --out "$OUT" ;;

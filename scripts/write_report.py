@@ -54,7 +54,7 @@ def _ours(decode: dict, batch: int, mode: str = "graph") -> dict | None:
 
 
 # Our decode modes whose speed-up over transformers a decode run may carry: (mode, row key, label).
-SPEEDUPS = (("graph", "speedup_of_ours", ""), ("graph-async", "speedup_of_async", ", async scheduling"))
+SPEEDUPS = (("graph-async", "speedup_of_async", ", async scheduling"), ("graph", "speedup_of_ours", ", synchronous"))
 
 
 def targets(results: dict) -> list[str]:
@@ -248,9 +248,12 @@ def plots(results: dict) -> None:
     if "decode.json" in results:
         d = results["decode.json"]
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        for mode, style in (("graph", "b-o"), ("transformers static cache", "r-s")):
+        labels = {"graph-async": "qwen3_runtime (CUDA graphs, async scheduling)",
+                  "graph": "qwen3_runtime (CUDA graphs, synchronous)", "transformers static cache": "transformers static cache"}
+        for (mode, label), style in zip(labels.items(), ("b-o", "c--o", "r-s")):
             pts = sorted((r["batch"], r["tpot_ms"]) for r in d["rows"] if r["mode"] == mode)
-            ax.plot(*zip(*pts), style, label="qwen3_runtime (CUDA graphs)" if mode == "graph" else mode)
+            if pts:
+                ax.plot(*zip(*pts), style, label=label)
         ax.axhline(d["floor_ms"], color="k", linestyle="--", label=f"weight-read floor {d['floor_ms']:.2f} ms")
         ax.axhline(1.25 * d["floor_ms"], color="gray", linestyle=":", label="1.25 × floor")
         ax.set(xscale="log", xlabel="batch", ylabel="TPOT (ms)", ylim=(0, None),
