@@ -23,14 +23,18 @@ def trace_events(prof: profile) -> list[dict]:
 def profile_steps(rt: Runtime, steps: int) -> tuple[list[int], int]:
     """Bytes of every device-to-host copy and the number of host synchronisations that torch.profiler
     records over `steps` engine steps. One more step runs first inside the profile and is not
-    counted: the profiler's start-up can miss that step's first events."""
+    counted: the profiler's start-up can miss that step's first events. A copy counts for the step
+    whose host call issued it (its runtime call, by correlation id), not by when the GPU ran it: with
+    async scheduling the GPU runs a step's copy while the host is already in the next step."""
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for i in range(steps + 1):
             with record_function(f"engine_step_{i}"):
                 rt.step()
     trace = trace_events(prof)
     start = next(e["ts"] for e in trace if e.get("name") == "engine_step_1")
-    counted = [e for e in trace if e.get("ts", -1) >= start]
-    copies = [e["args"].get("bytes", -1) for e in counted if e.get("cat") == "gpu_memcpy" and "DtoH" in e["name"]]
-    syncs = sum(e.get("name") in _SYNCS for e in counted)
+    issued_at = {e["args"]["correlation"]: e["ts"] for e in trace
+                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
+    copies = [e["args"].get("bytes", -1) for e in trace if e.get("cat") == "gpu_memcpy" and "DtoH" in e["name"]
+              and issued_at[e["args"]["correlation"]] >= start]
+    syncs = sum(e.get("name") in _SYNCS and e["ts"] >= start for e in trace)
     return copies, syncs
