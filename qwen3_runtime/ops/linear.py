@@ -26,6 +26,10 @@ SKINNY_MAX_ROWS = 32
 BLOCK_N, BLOCK_K = 64, 128
 # Programs wanted per SM: enough independent weight streams to cover the memory latency.
 PROGRAMS_PER_SM = 2
+# Weight tiles in flight per SM, over all the programs it holds at once (pipeline stages x programs):
+# the best of 2-8 stages for each Qwen3-4B projection at 1, 8 and 32 rows on the H200 (triton 3.6).
+WEIGHT_STAGES_PER_SM = 9
+MAX_STAGES = 6
 
 
 @triton.jit
@@ -78,8 +82,14 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, 
         gdc_launch_dependents()
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, num_stages: int,
-            gated: bool = False) -> None:
+def _num_stages(programs: int, device: torch.device) -> int:
+    """The deepest software pipeline that still lets every program be resident at once: a second wave
+    of a few programs leaves most SMs idle. Qwen3-4B's gate/up at 1 row (304 programs, H200): 28.0 us
+    with 6 stages, 30.3 with 4, 26.3 with 3; o_proj (160 programs): 8.7, 7.1, 7.3."""
+    return max(2, min(MAX_STAGES, WEIGHT_STAGES_PER_SM // triton.cdiv(programs, num_sms(device))))
+
+
+def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, gated: bool = False) -> None:
     rows = x.shape[0]
     k = weight.shape[1]
     n = out.shape[-1]  # output columns: half the weight's rows when gated
@@ -87,13 +97,14 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: in
     assert x.stride(1) == weight.stride(1) == out.stride(-1) == 1 and triton.cdiv(k, k_per_split) == splits
     assert weight.shape[0] == (2 * n if gated else n)
     tile_cols = BLOCK_N // 2 if gated else BLOCK_N
-    _skinny_gemm_kernel[(triton.cdiv(n, tile_cols), splits)](
+    tiles = triton.cdiv(n, tile_cols)
+    _skinny_gemm_kernel[(tiles, splits)](
         x, weight, out, rows, n, k, k_per_split, x.stride(0), weight.stride(0),
         out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
         BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GATED=gated,
         EVEN=n % tile_cols == 0 and k % (splits * BLOCK_K) == 0,
-        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4, num_stages=num_stages,
-        **pdl_launch(x))
+        DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32", num_warps=4,
+        num_stages=_num_stages(tiles * splits, x.device), **pdl_launch(x))
 
 
 def _skinny(x: torch.Tensor, decode: bool) -> bool:
@@ -105,7 +116,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, decode: bool = True) -> torch.
     if not _skinny(x, decode):
         return F.linear(x, weight)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    _launch(x, weight, out, splits=1, num_stages=6)
+    _launch(x, weight, out, splits=1)
     return out
 
 
@@ -115,7 +126,7 @@ def gated_linear(x: torch.Tensor, gate_up_weight: torch.Tensor, decode: bool = T
     if not _skinny(x, decode):
         return silu_mul(F.linear(x, gate_up_weight))
     out = torch.empty(x.shape[0], gate_up_weight.shape[0] // 2, dtype=x.dtype, device=x.device)
-    _launch(x, gate_up_weight, out, splits=1, num_stages=6, gated=True)
+    _launch(x, gate_up_weight, out, splits=1, gated=True)
     return out
 
 
@@ -133,5 +144,5 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, decode: bool = True,
         splits = next((s for s in range(splits, 0, -1) if k % (s * BLOCK_K) == 0), splits)
     splits = triton.cdiv(k, triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K)  # no empty slice
     out = torch.empty(splits, x.shape[0], n, dtype=torch.float32, device=x.device)
-    _launch(x, weight, out, splits, num_stages=4)
+    _launch(x, weight, out, splits)
     return out
