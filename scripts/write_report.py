@@ -118,6 +118,8 @@ def decode(d: dict, other_run: str = "") -> list[str]:
              f"Weight-read floor: {d['weight_bytes'] / 1e9:.2f} GB of weights / {d['copy_bandwidth_bytes_s'] / 1e12:.2f} "
              f"TB/s device-to-device copy bandwidth (same run) = **{d['floor_ms']:.3f} ms**."
              + ("" if other_run else " ![TPOT against the floor](decode_vs_floor.png)"), ""]
+    if "note" in d:  # how the figures were obtained, where not the usual way
+        lines += [f"Note: {d['note']}", ""]
     modes = [(key, f"ours ({mode}) is faster by") for mode, key, _ in SPEEDUPS if any(key in r for r in d["rows"])]
     rows = [[r["mode"], r["batch"], f"{r['tpot_ms']:.2f}", f"{r['vs_floor']:.2f}",
              f"{r['ttft_ms']:.1f}" if "ttft_ms" in r else "–", f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else "–",
