@@ -19,8 +19,14 @@ RUN_KEYS = ("commit", "gpu", "torch", "triton", "date", "repeats", "max_tokens",
 PARTED = {"logprobs": ("matrix", "mixed", "prompt", "copies"), "kernels": ("gemm", "attention")}
 
 
+def _kind_and_run(name: str) -> tuple[str, str]:
+    """"logprobs-device-rerun-1.json" -> ("logprobs", "device-rerun-1"); "decode.json" -> ("decode", "")."""
+    kind, _, run = name.removesuffix(".json").partition("-")
+    return kind, run
+
+
 def _parts(name: str) -> tuple[str, ...]:
-    return PARTED.get(name.removesuffix(".json").split("-")[0], ())
+    return PARTED.get(_kind_and_run(name)[0], ())
 
 
 def load(dirs: list[Path]) -> dict:
@@ -103,9 +109,8 @@ def targets(results: dict) -> list[str]:
 
 def _files(results: dict, kind: str) -> list[str]:
     """KIND.json first, then the other runs (KIND-NAME.json) in name order."""
-    names = [name for name in results if name.removesuffix(".json").split("-")[0] == kind]
+    names = [name for name in results if _kind_and_run(name)[0] == kind]
     return sorted(names, key=lambda name: (name != f"{kind}.json", name))
-
 
 
 def _mark(ok: bool) -> str:
@@ -279,9 +284,9 @@ def main() -> None:
         if name in results:
             lines += section(results[name]) + [""]
     for name in [name for name in _files(results, "decode") if name != "decode.json"]:
-        lines += decode(results[name], other_run=f": {name.removesuffix('.json').split('-', 1)[1]}") + [""]
+        lines += decode(results[name], other_run=f": {_kind_and_run(name)[1]}") + [""]
     for name in [name for name in _files(results, "logprobs") if name != "logprobs.json"]:
-        lines += logprobs(results[name], rerun=f": {name.removesuffix('.json').split('-', 1)[1]}") + [""]
+        lines += logprobs(results[name], rerun=f": {_kind_and_run(name)[1]}") + [""]
     if args.notes:
         lines += [args.notes.read_text()]
     DOCS.mkdir(exist_ok=True)
