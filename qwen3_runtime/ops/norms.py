@@ -57,13 +57,21 @@ def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     parts = x if x.dim() == 3 else x[None]
     assert parts.is_contiguous() and (residual is not None or x.dim() == 2)
     out = torch.empty(parts.shape[1:], dtype=x.dtype if residual is None else residual.dtype, device=x.device)
+    block = triton.next_power_of_2(out.shape[1])
     if out.shape[0]:
         _add_rms_norm_kernel[(out.shape[0],)](parts, x if residual is None else residual, weight, out, out.shape[1],
                                               parts.stride(0), eps, NUM_PARTS=parts.shape[0],
                                               HAS_RESIDUAL=residual is not None,
-                                              BLOCK=triton.next_power_of_2(out.shape[1]), num_warps=4,
+                                              BLOCK=block, num_warps=_norm_warps(block),
                                               **pdl_launch(x))
     return out
+
+
+def _norm_warps(block: int) -> int:
+    """A warp per 128 columns (4 per thread), 4 to 32: at a few rows the norm is one latency-bound program
+    per row, and more threads issue its loads sooner. Qwen3-4B's 2560 columns at batch 1 on the H200:
+    73 norms per step 252 us with 4 warps, 202 with 16, 171 with 32 (decode step 2.75 -> 2.66 ms)."""
+    return min(32, max(4, block // 128))
 
 
 def add_rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
