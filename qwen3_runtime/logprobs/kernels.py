@@ -25,8 +25,8 @@ selects the exact top-k ("ranked ahead" means larger value, then lower id;
 No atomics, and each row's arithmetic depends only on that row and the
 config: results are bitwise reproducible and independent of N (and of k_max).
 With PDL (programmatic dependent launch, Hopper) stage 2 is launched while
-stage 1 runs and waits for it, and (pdl_first) stage 1 is launched while the
-kernel before it finishes, waiting for it before reading anything.
+stage 1 runs, and (pdl_first) stage 1 is launched while the kernel before it
+finishes; each waits for the kernel before it before its first load.
 """
 import torch
 import triton
@@ -258,6 +258,9 @@ def finish_rows_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_
     """Stage 2, one program per row: merge the row's chunks in a fixed order, write every output."""
     if USE_PDL:
         gdc_launch_dependents()  # the next call's stage 1 (pdl_first) may start; it waits for this grid
+        # Before any load, even of inputs stage 1 did not write: stage 1 triggers this launch as it
+        # starts, possibly before the kernel it waits for (the logits' producer) has finished.
+        gdc_wait()
     row = tl.program_id(0)
     if HAS_MASK:
         if tl.load(row_mask_ptr + row) == 0:
@@ -268,8 +271,6 @@ def finish_rows_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_
     token_ok = (token >= 0) & (token < vocab)
     target = tl.load(row_ptr + tl.where(token_ok, token, 0)).to(tl.float32)
     k = tl.minimum(tl.maximum(tl.load(num_top_ptr + row).to(tl.int32), 0), tl.minimum(vocab, K_MAX))
-    if USE_PDL:
-        gdc_wait()  # stage 1's writes are visible from here on
 
     if K_MAX > 0:  # loaded first, beside the statistics (unused, so harmless, when k = 0)
         blk = tl.arange(0, GROUPS_PAD)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
