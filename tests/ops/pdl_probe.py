@@ -1,0 +1,99 @@
+"""Compiles every kernel launched with programmatic dependent launch for sm_90 and reports, per kernel,
+where its PTX waits for the previous kernel (griddepcontrol.wait) and where it first touches global
+memory. Run by test_pdl_launch.py in its own process: the tests' Triton interpreter would stop the
+compiler from seeing the kernels.
+
+Each op runs once on small CPU tensors with its kernel replaced by a recorder (nothing launches), so
+the compiled specialisation is the one the op's own launch code picks, with USE_PDL on as on Hopper.
+"""
+from __future__ import annotations
+
+import json
+import re
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+
+from qwen3_runtime.logprobs import kernels as logprob_kernels, reduce as logprob_reduce
+from qwen3_runtime.ops import attention_inputs, decode_attention, linear, norms
+
+KERNELS = {linear: ["_skinny_gemm_kernel"], norms: ["_add_rms_norm_kernel", "_silu_mul_kernel"],
+           attention_inputs: ["_attention_inputs_kernel"],
+           decode_attention: ["_decode_split_kernel", "_decode_merge_kernel"],
+           logprob_kernels: ["chunk_stats_kernel", "finish_rows_kernel"]}
+TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.uint8: "u8",
+         torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
+GLOBAL_ACCESS = re.compile(r"\b(?:ld|st|atom|red)\.global|\bcp\.async\S*global")
+launches: list[tuple[triton.JITFunction, tuple, dict]] = []
+
+
+class Recorder:
+    def __init__(self, kernel: triton.JITFunction) -> None:
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        return lambda *args, **kwargs: launches.append((self.kernel, args, kwargs))
+
+
+def run_ops() -> None:
+    for module in (linear, norms, attention_inputs, decode_attention, logprob_reduce):
+        module.use_triton = lambda t: True
+    for module, names in KERNELS.items():
+        for name in names:
+            setattr(module, name, Recorder(getattr(module, name)))
+    bf16 = dict(dtype=torch.bfloat16)
+    x = torch.randn(2, 256, **bf16)
+    linear.linear(x, torch.randn(128, 256, **bf16))
+    linear.gated_linear(x, torch.randn(256, 256, **bf16))
+    linear.linear_partials(torch.randn(2, 1024, **bf16), torch.randn(128, 1024, **bf16))
+    norms.add_rms_norm(torch.randn(2, 3, 64), torch.ones(64, **bf16), 1e-6, torch.randn(3, 64, **bf16))
+    norms.silu_mul(torch.randn(3, 128, **bf16))
+    heads, kv_heads, dim, block = 4, 2, 32, 16
+    caches = [torch.zeros(4, block, kv_heads, dim, **bf16) for _ in range(2)]
+    attention_inputs.attention_inputs(torch.randn(2, (heads + 2 * kv_heads) * dim, **bf16), heads, kv_heads,
+                                      torch.ones(dim, **bf16), torch.ones(dim, **bf16), 1e-6, torch.randn(64, dim),
+                                      torch.arange(2), *caches, torch.arange(2))
+    decode_attention.paged_decode_attention(torch.randn(2, heads, dim, **bf16), *caches,
+                                            torch.arange(4, dtype=torch.int32).view(2, 2),
+                                            torch.tensor([20, 30], dtype=torch.int32), dim ** -0.5, num_splits=2)
+    logprob_reduce.reduce_logprobs(torch.randn(2, 5000), torch.tensor([1, 2]), torch.tensor([3, 0], dtype=torch.int32),
+                                   4, row_mask=torch.tensor([True, False]))
+
+
+def _type(value) -> str:
+    if isinstance(value, torch.Tensor):
+        return "*" + TYPES[value.dtype]
+    if isinstance(value, bool):
+        return "i1"
+    if isinstance(value, int):
+        return "i32" if -2**31 <= value < 2**31 else "i64"
+    return "fp32"
+
+
+def compile_for_hopper(kernel: triton.JITFunction, args: tuple, kwargs: dict) -> str:
+    values = {**dict(zip(kernel.arg_names, args)), **{k: v for k, v in kwargs.items() if k in kernel.arg_names}}
+    constexprs = {p.name: values[p.name] for p in kernel.params if p.is_constexpr}
+    constexprs["USE_PDL"] = True  # launched with launch_pdl on Hopper, so it must wait itself
+    if "WAIT_PRIOR" in constexprs:
+        constexprs["WAIT_PRIOR"] = True
+    signature = {name: "constexpr" if name in constexprs else _type(values[name]) for name in kernel.arg_names}
+    options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
+    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
+
+
+def main() -> None:
+    run_ops()
+    report = []
+    for kernel, args, kwargs in launches:
+        ptx = compile_for_hopper(kernel, args, kwargs)
+        access = GLOBAL_ACCESS.search(ptx)
+        report.append({"kernel": kernel.__name__, "wait": ptx.find("griddepcontrol.wait"),
+                       "first_global_access": access.start() if access else -1,
+                       "access": access.group(0) if access else None})
+    print(json.dumps(report))
+
+
+if __name__ == "__main__":
+    main()

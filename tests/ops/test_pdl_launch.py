@@ -1,0 +1,35 @@
+"""The rule every kernel launched with programmatic dependent launch (ops.pdl_launch) must keep: wait for
+the previous kernel before touching global memory. A kernel may start while its predecessor still runs
+(earlier still when the predecessor lets its dependents launch early), so a load before the wait can
+read a value not yet written: a race that no CPU test sees and a GPU test sees only sometimes. Checked
+here in the PTX each kernel compiles to for sm_90, with no GPU (the compiler, not the device)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PROBE = Path(__file__).with_name("pdl_probe.py")
+EXPECTED = {"_skinny_gemm_kernel", "_add_rms_norm_kernel", "_silu_mul_kernel", "_attention_inputs_kernel",
+            "_decode_split_kernel", "_decode_merge_kernel", "chunk_stats_kernel", "finish_rows_kernel"}
+
+
+@pytest.fixture(scope="module")
+def report() -> list[dict]:
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(PROBE)], env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def test_every_pdl_kernel_was_compiled(report):
+    assert {r["kernel"] for r in report} == EXPECTED
+
+
+def test_every_pdl_kernel_waits_before_its_first_global_access(report):
+    for r in report:
+        assert r["wait"] >= 0, f"{r['kernel']} never waits for the previous kernel"
+        assert 0 <= r["wait"] < r["first_global_access"], (
+            f"{r['kernel']}: {r['access']} before griddepcontrol.wait")
