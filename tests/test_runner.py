@@ -241,7 +241,7 @@ def _gpu_requests(vocab):
 @pytest.mark.parametrize("config", ["qwen3-0.6b", "qwen3-4b"])
 def test_graph_eager_and_host_paths_agree(config):
     runs = {}
-    for name, overrides in (("graph", {}), ("eager", {"engine.cuda_graphs": False}),
+    for name, overrides in (("graph", {"engine.async_scheduling": False}), ("eager", {"engine.cuda_graphs": False}),
                             ("host", {"logprobs.path": "host"}), ("async", {"engine.async_scheduling": True})):
         rt = _gpu_runtime(config, **overrides)
         runs[name] = _run_joining(rt, _gpu_requests(rt.vocab_size))

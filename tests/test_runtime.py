@@ -131,7 +131,7 @@ def test_async_scheduling_gives_the_same_results(make_runtime, tiny_checkpoint, 
               GREEDY, GREEDY]
     # Few blocks and rows: preemptions and admissions while steps are in flight.
     config = dict(engine__num_kv_blocks=10, engine__max_model_len=128, engine__max_num_seqs=4, logprobs__path=path)
-    reference = make_runtime(tiny_checkpoint, **config).generate(prompts, params)
+    reference = make_runtime(tiny_checkpoint, engine__async_scheduling=False, **config).generate(prompts, params)
     rt = make_runtime(tiny_checkpoint, engine__async_scheduling=True, **config)
     overlaps = _overlaps(rt)
 
