@@ -25,10 +25,14 @@ def use_triton(t: torch.Tensor) -> bool:
 
 def pdl_launch(t: torch.Tensor) -> dict:
     """Launch options for programmatic dependent launch (Hopper and later): a kernel launched this way
-    is set up while its predecessor's last programs finish, instead of after. Every kernel given these
-    options (USE_PDL) calls gdc_wait() before it reads anything and gdc_launch_dependents() last:
-    triggered first instead, the next kernels' waiting programs took SM slots early and a decode step
-    got slower (H200, Qwen3-4B, batch 1: 3.44 against 3.02 ms; triggered last: 2.89)."""
+    is set up while its predecessor runs, once every program of the predecessor has called
+    gdc_launch_dependents(). Every kernel given these options (USE_PDL) calls gdc_wait(), which returns
+    when its predecessor has finished and its writes are visible, before it touches global memory
+    (tests/ops/test_pdl_launch.py checks the PTX). Most trigger last: triggered first, the next kernels'
+    waiting programs took SM slots early and a decode step got slower (H200, Qwen3-4B, batch 1: 3.44
+    against 3.02 ms; triggered last: 2.89). The exceptions are the one-wave kernels right before a
+    projection (the norm, the attention merge), which trigger first, so the projection's programs are
+    resident and start the moment they finish (batch 1: 2.68 against 2.64 ms)."""
     on = not TRITON_INTERPRET and _hopper_or_later(t.device)
     return {"USE_PDL": on, **({"launch_pdl": True} if on else {})}
 

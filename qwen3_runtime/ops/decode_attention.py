@@ -141,7 +141,8 @@ def _decode_merge_kernel(
     stride_out_b, stride_out_h,
     BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
+    if USE_PDL:  # the next kernel (a projection) may launch now and wait; this one waits for its predecessor
+        gdc_launch_dependents()
         gdc_wait()
     row = tl.program_id(0)
     head = tl.program_id(1)
@@ -167,8 +168,6 @@ def _decode_merge_kernel(
     merged = tl.sum(weights[:, None] * parts, axis=0) / total
     out = out_ptr + row * stride_out_b + head * stride_out_h + offs_d
     tl.store(out, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
-    if USE_PDL:  # last: the next kernel may launch
-        gdc_launch_dependents()
 
 
 def default_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int:

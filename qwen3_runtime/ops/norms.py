@@ -25,7 +25,8 @@ from qwen3_runtime.ops import pdl_launch, use_triton
 def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n_cols, stride_part, eps,
                          NUM_PARTS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
                          USE_PDL: tl.constexpr):
-    if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
+    if USE_PDL:  # the next kernel (a projection) may launch now and wait; this one waits for its predecessor
+        gdc_launch_dependents()
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
@@ -44,8 +45,6 @@ def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n_cols, strid
     normed = (x * inv_rms).to(dtype).to(tl.float32)
     weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, (normed * weight).to(dtype), mask=mask)
-    if USE_PDL:  # last: the next kernel may launch
-        gdc_launch_dependents()
 
 
 def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
