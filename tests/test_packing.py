@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from qwen3_runtime.logprobs import LogprobBuffers
-from qwen3_runtime.packing import PackedLogprobs, StepLogprobs, pack, packed_width, unpack_rows
+from qwen3_runtime.packing import PackedLogprobs, StepLogprobs, pack, pack_reference, packed_width, unpack_rows
 
 
 def _packed_pair():
@@ -15,7 +15,7 @@ def _packed_pair():
     buffers.top_ids.copy_(torch.tensor([[4, 2, 9], [1, 0, -1]], dtype=torch.int32))
     buffers.top_logprobs.copy_(torch.tensor([[-0.5, -1.0, -2.0], [-0.25, -3.0, float("-inf")]]))
     out = torch.full((2, packed_width(k)), -7, dtype=torch.int32)
-    pack(torch.tensor([4, 11]), torch.tensor([False, True]), buffers, out)
+    pack(torch.tensor([4, 11]), buffers, out, status=torch.tensor([0, 1], dtype=torch.int8))
     return out.numpy()
 
 
@@ -26,6 +26,45 @@ def test_pack_round_trip():
     assert (first.token_id, first.logprob, first.rank, first.logsumexp) == (4, -0.5, 1, 3.0)
     assert first.top_ids == [4, 2] and first.top_logprobs == [-0.5, -1.0]
     assert second.top_ids == [1, 0, -1] and np.isneginf(second.top_logprobs[2])
+
+
+def _random_buffers(rows: int, k: int, device: str = "cpu") -> LogprobBuffers:
+    buffers = LogprobBuffers.allocate(rows, k, 1000, device)
+    buffers.logprob.copy_(-torch.rand(rows) * 9)
+    buffers.rank.copy_(torch.randint(1, 1000, (rows,), dtype=torch.int32))
+    buffers.logsumexp.copy_(torch.randn(rows) * 30)
+    buffers.top_ids.copy_(torch.randint(-1, 1000, (rows, k), dtype=torch.int32))
+    buffers.top_logprobs.copy_(-torch.rand(rows, k) * 9)
+    buffers.top_logprobs[:, -1:] = float("-inf")
+    buffers.status.copy_(torch.tensor([0, 1, 2, 0, 1, 0, 2][:rows], dtype=torch.int8))
+    return buffers
+
+
+@pytest.mark.parametrize("k", [0, 1, 5, 20])
+def test_pack_kernel_matches_its_reference(k):
+    """The Triton kernel (the interpreter on the CPU) against the PyTorch copies, every column of a
+    poisoned output, with the status from the reduction and from each row's largest logit."""
+    buffers = _random_buffers(7, k)
+    tokens = torch.randint(0, 151936, (7,))
+    peak = torch.tensor([1.5, float("nan"), float("inf"), -3.0, float("-inf"), 1e30, -1e30])
+    for source in ({"status": buffers.status}, {"peak": peak}):
+        out, expected = (torch.full((7, packed_width(k)), -7, dtype=torch.int32) for _ in range(2))
+        pack(tokens, buffers, out, **source)
+        pack_reference(tokens, buffers, expected, **source)
+        assert torch.equal(out, expected)
+    assert out[:, 1].tolist() == [0, 1, 1, 0, 1, 0, 0]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_pack_kernel_matches_its_reference_on_the_gpu():
+    buffers = _random_buffers(7, 20, "cuda")
+    tokens = torch.randint(0, 151936, (7,), device="cuda")
+    peak = torch.tensor([1.5, float("nan"), float("inf"), -3.0, float("-inf"), 1e30, -1e30], device="cuda")
+    out, expected = (torch.full((7, packed_width(20)), -7, dtype=torch.int32, device="cuda") for _ in range(2))
+    pack(tokens, buffers, out, peak=peak)
+    pack_reference(tokens, buffers, expected, peak=peak)
+    assert torch.equal(out, expected)
 
 
 def test_packed_logprobs_build_entries_on_read():
