@@ -34,7 +34,8 @@ def pack(tokens: torch.Tensor, logprobs: LogprobBuffers, out: torch.Tensor, *, s
     """Write one step's results into `out` [rows, packed_width] int32. The status column comes from `status`
     (the reduction's, for prompt logprobs) or from `peak`, each row's largest logit: 1 where it is not
     finite (NaN, +inf, or -inf when every logit is). One kernel on the GPU: as PyTorch copies and the
-    finiteness test it was twelve launches at the end of every decode step (~19 µs at batch 1, H200)."""
+    finiteness test it was twelve launches at the end of every decode step, and the step's replay took
+    0.09 ms longer at batch 1 (Qwen3-4B, H200: 2.64 against 2.55 ms)."""
     assert (status is None) != (peak is None)
     if not use_triton(out):
         return pack_reference(tokens, logprobs, out, status=status, peak=peak)
