@@ -40,6 +40,7 @@ def pack(tokens: torch.Tensor, logprobs: LogprobBuffers, out: torch.Tensor, *, s
     if not use_triton(out):
         return pack_reference(tokens, logprobs, out, status=status, peak=peak)
     rows, k = out.shape[0], logprobs.k_max
+    assert out.stride(1) == 1 and logprobs.top_ids.stride() == logprobs.top_logprobs.stride()
     if rows:
         from_peak = peak is not None
         _pack_kernel[(rows,)](tokens, peak if from_peak else status, logprobs.logprob, logprobs.rank,
