@@ -28,6 +28,10 @@ def test_pack_round_trip():
     assert second.top_ids == [1, 0, -1] and np.isneginf(second.top_logprobs[2])
 
 
+# Each row's largest logit: finite ones, and NaN, +inf and -inf (every logit -inf), which get status 1.
+PEAKS = [1.5, float("nan"), float("inf"), -3.0, float("-inf"), 1e30, -1e30]
+
+
 def _random_buffers(rows: int, k: int, device: str = "cpu") -> LogprobBuffers:
     buffers = LogprobBuffers.allocate(rows, k, 1000, device)
     buffers.logprob.copy_(-torch.rand(rows) * 9)
@@ -46,7 +50,7 @@ def test_pack_kernel_matches_its_reference(k):
     poisoned output, with the status from the reduction and from each row's largest logit."""
     buffers = _random_buffers(7, k)
     tokens = torch.randint(0, 151936, (7,))
-    peak = torch.tensor([1.5, float("nan"), float("inf"), -3.0, float("-inf"), 1e30, -1e30])
+    peak = torch.tensor(PEAKS)
     for source in ({"status": buffers.status}, {"peak": peak}):
         out, expected = (torch.full((7, packed_width(k)), -7, dtype=torch.int32) for _ in range(2))
         pack(tokens, buffers, out, **source)
@@ -60,7 +64,7 @@ def test_pack_kernel_matches_its_reference(k):
 def test_pack_kernel_matches_its_reference_on_the_gpu():
     buffers = _random_buffers(7, 20, "cuda")
     tokens = torch.randint(0, 151936, (7,), device="cuda")
-    peak = torch.tensor([1.5, float("nan"), float("inf"), -3.0, float("-inf"), 1e30, -1e30], device="cuda")
+    peak = torch.tensor(PEAKS, device="cuda")
     out, expected = (torch.full((7, packed_width(20)), -7, dtype=torch.int32, device="cuda") for _ in range(2))
     pack(tokens, buffers, out, peak=peak)
     pack_reference(tokens, buffers, expected, peak=peak)
