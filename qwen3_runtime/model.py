@@ -134,14 +134,16 @@ class Qwen3ForCausalLM(nn.Module):
     def lm_head_is_tied(self) -> bool:
         return self.lm_head.weight is self.model.embed_tokens.weight
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata) -> torch.Tensor:
+    def forward(self, input_ids: Optional[torch.Tensor], positions: torch.Tensor, kv_cache: torch.Tensor,
+                meta: AttentionMetadata, inputs_embeds: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Final-normed hidden states [T, hidden]; `kv_cache` is [layers, 2, blocks, block_size, kv_heads, head_dim].
+        `inputs_embeds` [T, hidden], when given, stands for the embedding of input_ids (decode computes it
+        with the input-token selection, ops.embedding).
 
         Each residual add is fused with the norm that follows it (the next layer's input norm, or
         the final norm): residual = h + attn(norm(h)); h' = residual + mlp(norm(residual))."""
         layers = self.model.layers
-        residual = self.model.embed_tokens(input_ids)
+        residual = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
         x = layers[0].input_layernorm(residual)
         next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
         for layer, next_norm, layer_cache in zip(layers, next_norms, kv_cache):

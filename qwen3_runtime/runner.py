@@ -23,6 +23,7 @@ from qwen3_runtime.logprobs import LogprobBuffers, TokenLogprob, reduce_logprobs
 from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops import num_sms
 from qwen3_runtime.ops.decode_attention import default_num_splits
+from qwen3_runtime.ops.embedding import embed
 from qwen3_runtime.packing import PackedLogprobs, pack, packed_width
 from qwen3_runtime.sampler import processed_logits, sample
 from qwen3_runtime.sequence import Sequence
@@ -125,11 +126,10 @@ class ModelRunner:
                                         num_sms(self.device))
         meta = AttentionMetadata(slot_mapping=inp.slot_mapping[:batch], block_tables=inp.block_tables[:batch],
                                  seq_lens=inp.seq_lens[:batch], num_splits=num_splits)
-        input_ids = inp.input_ids[:batch]
-        if self.async_scheduling:  # rows fed by the step in flight read its sampled token here
-            prev_row = inp.prev_row[:batch]
-            input_ids = torch.where(prev_row >= 0, self.packed[prev_row.clamp(min=0), 0].long(), input_ids)
-        hidden = self.model(input_ids, inp.positions[:batch], self.kv_cache, meta)
+        # With async scheduling, rows fed by the step in flight read its sampled token here.
+        fed_from = (inp.prev_row[:batch], self.packed[:, 0]) if self.async_scheduling else (None, None)
+        embeds = embed(self.model.model.embed_tokens.weight, inp.input_ids[:batch], *fed_from)
+        hidden = self.model(None, inp.positions[:batch], self.kv_cache, meta, inputs_embeds=embeds)
         return self._sample_and_reduce(self.model.compute_logits(hidden), batch, variant)
 
     def _copy_out(self, seqs: list[Sequence], rows: int, lp_logits: torch.Tensor) -> StepInFlight:
