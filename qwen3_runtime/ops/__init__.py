@@ -27,12 +27,15 @@ def pdl_launch(t: torch.Tensor) -> dict:
     """Launch options for programmatic dependent launch (Hopper and later): a kernel launched this way
     is set up while its predecessor runs, once every program of the predecessor has called
     gdc_launch_dependents(). Every kernel given these options (USE_PDL) calls gdc_wait(), which returns
-    when its predecessor has finished and its writes are visible, before it touches global memory
-    (tests/ops/test_pdl_launch.py checks the PTX). Most trigger last: triggered first, the next kernels'
-    waiting programs took SM slots early and a decode step got slower (H200, Qwen3-4B, batch 1: 3.44
-    against 3.02 ms; triggered last: 2.89). The exceptions are the one-wave kernels right before a
-    projection (the norm, the attention merge), which trigger first, so the projection's programs are
-    resident and start the moment they finish (batch 1: 2.68 against 2.64 ms)."""
+    when its predecessor has finished and its writes are visible, before it touches global memory other
+    than inputs the host staged before the step (tests/ops/test_pdl_launch.py checks the PTX). Most
+    trigger last: triggered first, the next kernels' waiting programs took SM slots early and a decode
+    step got slower (H200, Qwen3-4B, batch 1: 3.44 against 3.02 ms; triggered last: 2.89). The
+    exceptions are the one-wave kernels right before a projection (the norm, the attention merge), which
+    trigger first, so the projection's programs are resident and start the moment they finish (batch 1:
+    2.68 against 2.64 ms), and the attention inputs, so the attention kernel reads its rows' lengths
+    while they run (engine wall time per step at batch 1 / 8 / 32: 2.53 / 2.72 / 3.07 against 2.51 /
+    2.72 / 3.04 ms)."""
     on = not TRITON_INTERPRET and _hopper_or_later(t.device)
     return {"USE_PDL": on, **({"launch_pdl": True} if on else {})}
 

@@ -24,7 +24,8 @@ def _attention_inputs_kernel(qkv_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, p
                              stride_cache_block, stride_cache_offset, stride_cache_head,
                              BLOCK_SIZE: tl.constexpr, HALF_BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     """One program per (token, head) over q heads, then k heads, then v heads."""
-    if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
+    if USE_PDL:  # the attention kernel may launch now and wait; this one waits for its predecessor
+        gdc_launch_dependents()
         gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
@@ -71,8 +72,6 @@ def _attention_inputs_kernel(qkv_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, p
         dst = k_cache_ptr + cache_row + kv_head * stride_cache_head
         tl.store(dst + offs, out1, mask=store_mask)
         tl.store(dst + half + offs, out2, mask=store_mask)
-    if USE_PDL:  # last: the next kernel may launch
-        gdc_launch_dependents()
 
 
 def attention_inputs(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_weight: torch.Tensor,

@@ -63,11 +63,13 @@ def _decode_split_kernel(
     DOT_PRECISION: tl.constexpr, SINGLE_SPLIT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """split_out is the merge's fp32 scratch, or with SINGLE_SPLIT the output itself (no merge)."""
-    if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
-        gdc_wait()
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
+    # Staged by the host before the step, never written by a kernel: read while the predecessor runs.
+    seq_len = tl.load(seq_lens_ptr + row)
+    if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
+        gdc_wait()
 
     offs_g = tl.arange(0, BLOCK_G)
     offs_n = tl.arange(0, BLOCK_N)
@@ -80,7 +82,6 @@ def _decode_split_kernel(
     partial_lse = partial_lse_ptr + row * stride_pl_b + heads * stride_pl_h + split
 
     # Whole tiles per split (plain arithmetic: nested jit calls are slow in the interpreter).
-    seq_len = tl.load(seq_lens_ptr + row)
     num_tiles = (seq_len + BLOCK_N - 1) // BLOCK_N
     split_tokens = (num_tiles + num_splits - 1) // num_splits * BLOCK_N
     start = split * split_tokens

@@ -1,6 +1,6 @@
 """Compiles every kernel launched with programmatic dependent launch for sm_90 and reports, per kernel,
-where its PTX waits for the previous kernel (griddepcontrol.wait) and where it first touches global
-memory. Run by test_pdl_launch.py in its own process: the tests' Triton interpreter would stop the
+where its PTX waits for the previous kernel (griddepcontrol.wait) and which global memory accesses
+come before that. Run by test_pdl_launch.py in its own process: the tests' Triton interpreter would stop the
 compiler from seeing the kernels.
 
 Each op runs once on small CPU tensors with its kernel replaced by a recorder (nothing launches), so
@@ -88,10 +88,9 @@ def main() -> None:
     report = []
     for kernel, args, kwargs in launches:
         ptx = compile_for_hopper(kernel, args, kwargs)
-        access = GLOBAL_ACCESS.search(ptx)
-        report.append({"kernel": kernel.__name__, "wait": ptx.find("griddepcontrol.wait"),
-                       "first_global_access": access.start() if access else -1,
-                       "access": access.group(0) if access else None})
+        wait = ptx.find("griddepcontrol.wait")
+        report.append({"kernel": kernel.__name__, "wait": wait,
+                       "before_wait": [a.group(0) for a in GLOBAL_ACCESS.finditer(ptx[:max(wait, 0)])]})
     print(json.dumps(report))
 
 
