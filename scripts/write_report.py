@@ -81,17 +81,17 @@ def targets(results: dict) -> list[str]:
             ratio = mixed["one logprobs=5"] / mixed["all off"]
             rows.append([f"mixed batch of 8: other rows' TPOT / all off{at}", "1 ± 0.01", f"{ratio:.3f}",
                          _mark(abs(ratio - 1) <= 0.01)])
-    lp = results.get("logprobs.json", {})
-    if "prompt" in lp:
-        p = {r["prompt_logprobs"]: r["prefill_ms"] for r in lp["prompt"]["rows"] if r["path"] == "device"}
-        extra = p[5] / p[None] - 1
-        rows.append(["prompt logprobs (5) on 1024 tokens: extra prefill time", "≤ 5%", f"{100 * extra:.1f}%",
-                     _mark(extra <= 0.05)])
-    if "copies" in lp:
-        dev = [r for r in lp["copies"]["rows"] if r["path"] == "device"]
-        ok = all(r["d2h_copies_per_step"] == 1 and r["host_syncs_per_step"] == 1 for r in dev)
-        rows.append(["device-to-host copies / syncs per decode step", "1 / 1",
-                     " ; ".join(f"{r['d2h_copies_per_step']:g} / {r['host_syncs_per_step']:g}" for r in dev), _mark(ok)])
+        if "prompt" in lp:
+            p = {r["prompt_logprobs"]: r["prefill_ms"] for r in lp["prompt"]["rows"] if r["path"] == "device"}
+            extra = p[5] / p[None] - 1
+            rows.append([f"prompt logprobs (5) on 1024 tokens: extra prefill time{at}", "≤ 5%",
+                         f"{100 * extra:.1f}%", _mark(extra <= 0.05)])
+        if "copies" in lp:
+            dev = [r for r in lp["copies"]["rows"] if r["path"] == "device"]
+            ok = all(r["d2h_copies_per_step"] == 1 and r["host_syncs_per_step"] == 1 for r in dev)
+            rows.append([f"device-to-host copies / syncs per decode step{at}", "1 / 1",
+                         " ; ".join(f"{r['d2h_copies_per_step']:g} / {r['host_syncs_per_step']:g}" for r in dev),
+                         _mark(ok)])
     for name in _files(results, "decode"):
         d = results[name]
         at = "" if name == "decode.json" else f" (other run, commit {d['commit']})"
@@ -108,9 +108,17 @@ def targets(results: dict) -> list[str]:
 
 
 def _files(results: dict, kind: str) -> list[str]:
-    """KIND.json first, then the other runs (KIND-NAME.json) in name order."""
+    """KIND.json first, then the other runs (KIND-NAME.json), the latest first."""
     names = [name for name in results if _kind_and_run(name)[0] == kind]
-    return sorted(names, key=lambda name: (name != f"{kind}.json", name))
+    by_date = sorted(names, key=lambda name: _date(results[name]), reverse=True)
+    return sorted(by_date, key=lambda name: name != f"{kind}.json")
+
+
+def _date(result: dict) -> str:
+    """A run's date ("YYYY-MM-DD HH:MM UTC", so ordered as text); the latest part's for a parted file."""
+    dates = [result.get("date", "")] + [part["run"].get("date", "") for part in result.values()
+                                        if isinstance(part, dict) and "run" in part]
+    return max(dates)
 
 
 def _mark(ok: bool) -> str:
