@@ -29,21 +29,20 @@ def packed_width(k_max: int) -> int:
     return HEADER + 2 * k_max
 
 
-def pack(tokens: torch.Tensor, logprobs: LogprobBuffers, out: torch.Tensor, *, status: torch.Tensor | None = None,
-         peak: torch.Tensor | None = None) -> None:
-    """Write one step's results into `out` [rows, packed_width] int32. The status column comes from `status`
-    (the reduction's, for prompt logprobs) or from `peak`, each row's largest logit: 1 where it is not
-    finite (NaN, +inf, or -inf when every logit is). One kernel on the GPU: as PyTorch copies and the
-    finiteness test it was twelve launches at the end of every decode step, and the step's replay took
-    0.09 ms longer at batch 1 (Qwen3-4B, H200: 2.64 against 2.55 ms)."""
-    assert (status is None) != (peak is None)
+def pack(tokens: torch.Tensor, logprobs: LogprobBuffers, out: torch.Tensor, peak: torch.Tensor | None = None) -> None:
+    """Write one step's results into `out` [rows, packed_width] int32. The status column is the
+    reduction's (prompt logprobs: every row reduced) or, given `peak`, each row's largest logit, 1 where
+    it is not finite (NaN, +inf, or -inf when every logit is): a decode step reduces only the rows that
+    asked. One kernel on the GPU: as PyTorch copies and the finiteness test it was twelve launches at
+    the end of every decode step, and the step's replay took 0.09 ms longer at batch 1 (Qwen3-4B, H200:
+    2.64 against 2.55 ms)."""
     if not use_triton(out):
-        return pack_reference(tokens, logprobs, out, status=status, peak=peak)
+        return pack_reference(tokens, logprobs, out, peak)
     rows, k = out.shape[0], logprobs.k_max
     assert out.stride(1) == 1 and logprobs.top_ids.stride() == logprobs.top_logprobs.stride()
     if rows:
         from_peak = peak is not None
-        _pack_kernel[(rows,)](tokens, peak if from_peak else status, logprobs.logprob, logprobs.rank,
+        _pack_kernel[(rows,)](tokens, peak if from_peak else logprobs.status, logprobs.logprob, logprobs.rank,
                               logprobs.logsumexp, logprobs.top_ids, logprobs.top_logprobs, out, k, out.stride(0),
                               logprobs.top_ids.stride(0), HEADER=HEADER, BLOCK_K=triton.next_power_of_2(max(k, 1)),
                               STATUS_FROM_PEAK=from_peak, num_warps=1)
@@ -70,11 +69,11 @@ def _pack_kernel(tokens_ptr, status_ptr, logprob_ptr, rank_ptr, logsumexp_ptr, t
     tl.store(out + HEADER + k_max + cols, top_logprobs.to(tl.int32, bitcast=True), mask=mask)
 
 
-def pack_reference(tokens: torch.Tensor, logprobs: LogprobBuffers, out: torch.Tensor, *,
-                   status: torch.Tensor | None = None, peak: torch.Tensor | None = None) -> None:
+def pack_reference(tokens: torch.Tensor, logprobs: LogprobBuffers, out: torch.Tensor,
+                   peak: torch.Tensor | None = None) -> None:
     k = logprobs.k_max
     out[:, 0].copy_(tokens)
-    out[:, 1].copy_(~torch.isfinite(peak) if status is None else status)
+    out[:, 1].copy_(logprobs.status if peak is None else ~torch.isfinite(peak))
     out[:, 2].copy_(logprobs.logprob.view(torch.int32))
     out[:, 3].copy_(logprobs.rank)
     out[:, 4].copy_(logprobs.logsumexp.view(torch.int32))

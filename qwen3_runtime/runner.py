@@ -191,7 +191,7 @@ class ModelRunner:
             out = self.prompt_logprobs.head(len(rows[part]))
             reduce_logprobs(self.model.compute_logits(hidden[rows[part]]), targets[part], num_top[part], self.k_max,
                             out=out)
-            pack(targets[part], out, packed[part], status=out.status)
+            pack(targets[part], out, packed[part])
         self.prompt_packed_host[:len(rows)].copy_(packed, non_blocking=True)
         self.stats.d2h_copies += 1
         self.stats.d2h_bytes += packed.numel() * packed.element_size()
@@ -220,7 +220,7 @@ class ModelRunner:
         out = self.logprobs.head(batch)
         reduce_logprobs(lp_logits, tokens, inp.num_top[:batch], self.k_max,
                         row_mask=inp.wants_logprobs[:batch] != 0, out=out)
-        pack(tokens, out, self.packed[:batch], peak=peak)
+        pack(tokens, out, self.packed[:batch], peak)
         return lp_logits
 
     def collect(self, step: StepInFlight) -> list[RowResult]:

@@ -1,7 +1,7 @@
 """Compiles every kernel launched with programmatic dependent launch for sm_90 and reports, per kernel,
 where its PTX waits for the previous kernel (griddepcontrol.wait) and which global memory accesses
-come before that. Run by test_pdl_launch.py in its own process: the tests' Triton interpreter would stop the
-compiler from seeing the kernels.
+come before that. Run by test_pdl_launch.py in its own process: the tests' Triton interpreter would
+stop the compiler from seeing the kernels.
 
 Each op runs once on small CPU tensors with its kernel replaced by a recorder (nothing launches), so
 the compiled specialisation is the one the op's own launch code picks, with USE_PDL on as on Hopper.
