@@ -24,14 +24,24 @@ from scripts.timing import copy_bandwidth
 
 
 def measure_tpot(rt: Runtime, batch: int, prompt_len: int, max_tokens: int, seed: int = 0) -> dict:
-    """Median TPOT (ms) over the batch's requests, all admitted in one prefill, then decoded together."""
+    """The batch's requests admitted in one prefill, then decoded together. TPOT: a request's (last token -
+    first token) / (tokens - 1), the median over requests; ITL: the median gap between consecutive steps'
+    tokens reaching the host, as a streaming client sees them. transformers is timed the same way."""
     prompts = np.random.default_rng(seed).integers(0, rt.vocab_size, (batch, prompt_len)).tolist()
     params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
     start = time.perf_counter()
-    outs = rt.generate(prompts, params)
+    for prompt in prompts:
+        rt.add_request(prompt, params)
+    outs, token_times = [], []
+    while rt.has_unfinished():
+        before = rt.num_generated
+        outs += rt.step()
+        if rt.num_generated > before:
+            token_times.append(time.perf_counter())
     wall = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs)
     return {"batch": batch, "tpot_ms": 1e3 * statistics.median(o.tpot for o in outs),
+            "itl_ms": 1e3 * statistics.median(b - a for a, b in zip(token_times[1:], token_times[2:])),
             "ttft_ms": 1e3 * statistics.median(o.ttft for o in outs),
             "tokens_per_s": tokens / wall}
 
@@ -53,8 +63,8 @@ def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:
     for batch in args.batch:
         runs = [measure_tpot(rt, batch, args.prompt_len, args.max_tokens, seed=r) for r in range(args.repeats)]
         rows.append({"mode": mode, **{k: statistics.median(r[k] for r in runs) for k in runs[0]}})
-        print(f"{args.config} {mode} batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms  "
-              f"TTFT {rows[-1]['ttft_ms']:.1f} ms  {rows[-1]['tokens_per_s']:.0f} tok/s", flush=True)
+        print(f"{args.config} {mode} batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms  ITL {rows[-1]['itl_ms']:.2f} "
+              f"ms  TTFT {rows[-1]['ttft_ms']:.1f} ms  {rows[-1]['tokens_per_s']:.0f} tok/s", flush=True)
     nbytes = weight_bytes(rt.model)
     del rt
     gc.collect()
@@ -71,8 +81,10 @@ def transformers_static(args: argparse.Namespace) -> list[dict]:
         static_cache_tpot(model, batch, args.prompt_len, 8)  # compilation and CUDA-graph capture
         runs = [static_cache_tpot(model, batch, args.prompt_len, args.max_tokens, seed=r)
                 for r in range(args.repeats)]
-        rows.append({"mode": "transformers static cache", "batch": batch, "tpot_ms": statistics.median(runs)})
-        print(f"transformers static cache batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms", flush=True)
+        rows.append({"mode": "transformers static cache", "batch": batch,
+                     **{k: statistics.median(r[k] for r in runs) for k in runs[0]}})
+        print(f"transformers static cache batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms  "
+              f"ITL {rows[-1]['itl_ms']:.2f} ms", flush=True)
     del model
     gc.collect()
     torch.cuda.empty_cache()

@@ -44,10 +44,10 @@ class _TokenClock:
         pass
 
 
-def static_cache_tpot(model, batch: int, prompt_len: int, max_tokens: int, seed: int = 0) -> float:
-    """Median ms between consecutive decode tokens of greedy `generate` with cache_implementation="static"
-    (transformers compiles the decode forward itself). The prompt put and the first token (prefill) are
-    left out."""
+def static_cache_tpot(model, batch: int, prompt_len: int, max_tokens: int, seed: int = 0) -> dict:
+    """Greedy `generate` with cache_implementation="static" (transformers compiles the decode forward
+    itself), timed as bench_decode times ours: TPOT = (last token - first token) / (tokens - 1) and ITL =
+    the median gap between consecutive tokens, in ms. The prompt put and the prefill are left out."""
     gen = torch.Generator(device="cuda").manual_seed(seed)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device="cuda", generator=gen)
     clock = _TokenClock()
@@ -55,5 +55,6 @@ def static_cache_tpot(model, batch: int, prompt_len: int, max_tokens: int, seed:
         model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
                        do_sample=False, cache_implementation="static",
                        pad_token_id=0, streamer=clock)
-    gaps = [b - a for a, b in zip(clock.times[2:], clock.times[3:])]
-    return 1e3 * statistics.median(gaps)
+    tokens = clock.times[1:]  # times[0]: the prompt
+    gaps = [b - a for a, b in zip(tokens[1:], tokens[2:])]
+    return {"tpot_ms": 1e3 * (tokens[-1] - tokens[0]) / (len(tokens) - 1), "itl_ms": 1e3 * statistics.median(gaps)}

@@ -133,11 +133,18 @@ def decode(d: dict, other_run: str = "") -> list[str]:
              + ("" if other_run else " ![TPOT against the floor](decode_vs_floor.png)"), ""]
     if "note" in d:  # how the figures were obtained, where not the usual way
         lines += [f"Note: {d['note']}", ""]
+    if any("itl_ms" in r for r in d["rows"]):
+        lines += ["TPOT: a request's (last token − first token) / (tokens − 1), the median over the batch; ITL: the "
+                  "median gap between consecutive tokens reaching the host; both engines timed alike.", ""]
+    else:
+        lines += ["In this run transformers' TPOT is its median gap between tokens and ours a request's (last token − "
+                  "first token) / (tokens − 1); later runs (with an ITL column) time both engines alike.", ""]
     modes = [(key, f"ours ({mode}) is faster by") for mode, key, _ in SPEEDUPS if any(key in r for r in d["rows"])]
-    rows = [[r["mode"], r["batch"], f"{r['tpot_ms']:.2f}", f"{r['vs_floor']:.2f}",
+    rows = [[r["mode"], r["batch"], f"{r['tpot_ms']:.2f}", f"{r['itl_ms']:.2f}" if "itl_ms" in r else "–",
+             f"{r['vs_floor']:.2f}",
              f"{r['ttft_ms']:.1f}" if "ttft_ms" in r else "–", f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else "–",
              *(f"{r[key]:.2f}×" if key in r else "–" for key, _ in modes)] for r in d["rows"]]
-    return lines + _table(["mode", "batch", "TPOT ms", "× floor", "TTFT ms", "output tokens/s",
+    return lines + _table(["mode", "batch", "TPOT ms", "ITL ms", "× floor", "TTFT ms", "output tokens/s",
                            *(header for _, header in modes)], rows)
 
 
