@@ -136,7 +136,7 @@ def decode(d: dict, other_run: str = "") -> list[str]:
     if any("itl_ms" in r for r in d["rows"]):
         lines += ["TPOT: a request's (last token − first token) / (tokens − 1), the median over the batch; ITL: the "
                   "median gap between consecutive tokens reaching the host; both engines timed alike.", ""]
-    else:
+    elif any(r["mode"].startswith("transformers") for r in d["rows"]):
         lines += ["In this run transformers' TPOT is its median gap between tokens and ours a request's (last token − "
                   "first token) / (tokens − 1); later runs (with an ITL column) time both engines alike.", ""]
     modes = [(key, f"ours ({mode}) is faster by") for mode, key, _ in SPEEDUPS if any(key in r for r in d["rows"])]
