@@ -12,6 +12,7 @@ from qwen3_runtime.config import ArchitectureConfig
 from qwen3_runtime.ops.decode_attention import paged_decode_attention
 from qwen3_runtime.ops.attention_inputs import attention_inputs
 from qwen3_runtime.ops.linear import gated_linear, linear, linear_partials
+from qwen3_runtime.ops.linear_preload import preload_applies, preloaded_partials
 from qwen3_runtime.ops.norms import add_rms_norm
 from qwen3_runtime.ops.prefill_attention import prefill_attention
 
@@ -83,10 +84,11 @@ class Attention(nn.Module):
                                    k_cache, v_cache, meta.slot_mapping)
         if meta.is_prefill:
             out = prefill_attention(q, k, v, meta.cu_seqlens, self.scale)
-        else:
-            out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                         self.scale, meta.num_splits)
-        return linear_partials(out.reshape(x.shape[0], -1), self.o_proj.weight, decode)
+            return linear_partials(out.reshape(x.shape[0], -1), self.o_proj.weight, decode)
+        preload = preload_applies(x.shape[0], self.o_proj.weight)
+        out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
+                                     meta.num_splits, dependents_early=preload).reshape(x.shape[0], -1)
+        return preloaded_partials(out, self.o_proj.weight) if preload else linear_partials(out, self.o_proj.weight)
 
 
 class MLP(nn.Module):

@@ -33,9 +33,10 @@ def pdl_launch(t: torch.Tensor) -> dict:
     step got slower (H200, Qwen3-4B, batch 1: 3.44 against 3.02 ms; triggered last: 2.89). The
     exceptions are the one-wave kernels right before a projection (the norm, the attention merge), which
     trigger first, so the projection's programs are resident and start the moment they finish (batch 1:
-    2.68 against 2.64 ms), and the attention inputs, so the attention kernel reads its rows' lengths
+    2.68 against 2.64 ms), the attention inputs, so the attention kernel reads its rows' lengths
     while they run (engine wall time per step at batch 1 / 8 / 32: 2.53 / 2.72 / 3.07 against 2.51 /
-    2.72 / 3.04 ms)."""
+    2.72 / 3.04 ms), and the attention split kernel when o_proj preloads its weights
+    (ops/linear_preload.py)."""
     on = not TRITON_INTERPRET and _hopper_or_later(t.device)
     return {"USE_PDL": on, **({"launch_pdl": True} if on else {})}
 

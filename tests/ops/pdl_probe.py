@@ -14,11 +14,14 @@ import re
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
+from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from qwen3_runtime.logprobs import kernels as logprob_kernels, reduce as logprob_reduce
-from qwen3_runtime.ops import attention_inputs, decode_attention, linear, norms
+from qwen3_runtime.ops import attention_inputs, decode_attention, linear, linear_preload, norms
 
-KERNELS = {linear: ["_skinny_gemm_kernel"], norms: ["_add_rms_norm_kernel", "_silu_mul_kernel"],
+KERNELS = {linear: ["_skinny_gemm_kernel"], linear_preload: ["_preload_gemm_kernel"],
+           norms: ["_add_rms_norm_kernel", "_silu_mul_kernel"],
            attention_inputs: ["_attention_inputs_kernel"],
            decode_attention: ["_decode_split_kernel", "_decode_merge_kernel"],
            logprob_kernels: ["chunk_stats_kernel", "finish_rows_kernel"]}
@@ -47,6 +50,7 @@ def run_ops() -> None:
     linear.linear(x, torch.randn(128, 256, **bf16))
     linear.gated_linear(x, torch.randn(256, 256, **bf16))
     linear.linear_partials(torch.randn(2, 1024, **bf16), torch.randn(128, 1024, **bf16))
+    linear_preload.preloaded_partials(torch.randn(2, 1024, **bf16), torch.randn(128, 1024, **bf16))
     norms.add_rms_norm(torch.randn(2, 3, 64), torch.ones(64, **bf16), 1e-6, torch.randn(3, 64, **bf16))
     norms.silu_mul(torch.randn(3, 128, **bf16))
     heads, kv_heads, dim, block = 4, 2, 32, 16
@@ -62,6 +66,8 @@ def run_ops() -> None:
 
 
 def _type(value) -> str:
+    if isinstance(value, TensorDescriptor):
+        return f"tensordesc<{TYPES[value.base.dtype]}{list(value.block_shape)},{value.layout!r}>"
     if isinstance(value, torch.Tensor):
         return "*" + TYPES[value.dtype]
     if isinstance(value, bool):
@@ -79,7 +85,8 @@ def compile_for_hopper(kernel: triton.JITFunction, args: tuple, kwargs: dict) ->
         constexprs["WAIT_PRIOR"] = True
     signature = {name: "constexpr" if name in constexprs else _type(values[name]) for name in kernel.arg_names}
     options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
-    source = triton.compiler.ASTSource(fn=kernel, signature=signature, constexprs=constexprs)
+    source_type = GluonASTSource if isinstance(kernel, GluonJITFunction) else triton.compiler.ASTSource
+    source = source_type(fn=kernel, signature=signature, constexprs=constexprs)
     return triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options).asm["ptx"]
 
 

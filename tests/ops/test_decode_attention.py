@@ -144,13 +144,15 @@ def _real_shape_inputs(batch, generator):
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("batch", [1, 8, 64])
-def test_kernel_matches_reference_on_gpu_bf16(batch):
+@pytest.mark.parametrize("dependents_early", [False, True])
+def test_kernel_matches_reference_on_gpu_bf16(batch, dependents_early):
     generator = torch.Generator().manual_seed(batch)
     q, kv = _real_shape_inputs(batch, generator)
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     expected = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 128**-0.5)
     for num_splits in sorted({1, default_num_splits(batch, 8, 4096, num_sms), MAX_SPLITS}):
-        out = paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 128**-0.5, num_splits)
+        out = paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 128**-0.5, num_splits,
+                                     dependents_early=dependents_early)
         assert not out.isnan().any()
         assert _max_rel_err(out, expected) <= 1e-2, num_splits
 
