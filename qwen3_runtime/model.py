@@ -82,13 +82,16 @@ class Attention(nn.Module):
         q, k, v = attention_inputs(linear(x, self.qkv_proj.weight, decode), self.num_heads, self.num_kv_heads,
                                    self.q_norm.weight, self.k_norm.weight, self.q_norm.eps, rotary.cos_sin, positions,
                                    k_cache, v_cache, meta.slot_mapping)
+        preload = decode and preload_applies(x.shape[0], self.o_proj.weight)
         if meta.is_prefill:
             out = prefill_attention(q, k, v, meta.cu_seqlens, self.scale)
-            return linear_partials(out.reshape(x.shape[0], -1), self.o_proj.weight, decode)
-        preload = preload_applies(x.shape[0], self.o_proj.weight)
-        out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens, self.scale,
-                                     meta.num_splits, dependents_early=preload).reshape(x.shape[0], -1)
-        return preloaded_partials(out, self.o_proj.weight) if preload else linear_partials(out, self.o_proj.weight)
+        else:
+            out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                         self.scale, meta.num_splits, dependents_early=preload)
+        out = out.reshape(x.shape[0], -1)
+        if preload:
+            return preloaded_partials(out, self.o_proj.weight)
+        return linear_partials(out, self.o_proj.weight, decode)
 
 
 class MLP(nn.Module):
