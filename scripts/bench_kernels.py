@@ -52,7 +52,7 @@ def attention_rows(bandwidth: float) -> list[dict]:
     rows = []
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     heads, kv_heads, dim, block = 32, 8, 128, 16
-    defaults = (decode_attention.BLOCK_N, decode_attention.PROGRAMS_PER_SM)
+    default_block_n = decode_attention.BLOCK_N
     for batch, seq_len in itertools.product((1, 8, 32, 64), (256, 1024)):
         blocks_per_row = seq_len // block
         k_cache = torch.randn(batch * blocks_per_row + 1, block, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
@@ -62,15 +62,15 @@ def attention_rows(bandwidth: float) -> list[dict]:
         q = [torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
         floor = 2 * k_cache[:-1].numel() * 2 / bandwidth * 1e6
         for block_n, per_sm in itertools.product((16, 32, 64), (1, 2, 4)):
-            decode_attention.BLOCK_N, decode_attention.PROGRAMS_PER_SM = block_n, per_sm
-            splits = decode_attention.default_num_splits(batch, kv_heads, 1024, num_sms)
+            decode_attention.BLOCK_N = block_n
+            splits = decode_attention.default_num_splits(batch, kv_heads, 1024, num_sms, per_sm)
             us = graph_us_per_call(lambda x: decode_attention.paged_decode_attention(
                 x, k_cache, v_cache, tables, seq_lens, dim ** -0.5, splits), q)
             rows.append({"batch": batch, "seq_len": seq_len, "block_n": block_n, "programs_per_sm": per_sm,
                          "splits": splits, "us": us, "floor_us": floor})
             print(f"attention B={batch:2d} L={seq_len:4d} BLOCK_N={block_n:2d} per_sm={per_sm} splits={splits:2d}: "
                   f"{us:6.1f} us (floor {floor:5.1f})", flush=True)
-    decode_attention.BLOCK_N, decode_attention.PROGRAMS_PER_SM = defaults
+    decode_attention.BLOCK_N = default_block_n
     return rows
 
 
