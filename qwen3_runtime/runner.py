@@ -24,6 +24,7 @@ from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops import num_sms
 from qwen3_runtime.ops.decode_attention import default_num_splits
 from qwen3_runtime.ops.embedding import embed
+from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.packing import PackedLogprobs, pack, packed_width
 from qwen3_runtime.sampler import processed_logits, sample
 from qwen3_runtime.sequence import Sequence
@@ -210,7 +211,7 @@ class ModelRunner:
         Returns the logits the logprobs are taken from (raw, or processed per row)."""
         inp = self.inputs
         if variant == GREEDY:
-            peak, tokens = logits.max(dim=-1)  # ties: the lower token id
+            peak, tokens = greedy_max(logits)  # ties: the lower token id
             lp_logits = logits
         else:
             params = inp.sampling(batch)

@@ -18,9 +18,10 @@ from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from qwen3_runtime.logprobs import kernels as logprob_kernels, reduce as logprob_reduce
-from qwen3_runtime.ops import attention_inputs, decode_attention, linear, linear_preload, norms
+from qwen3_runtime.ops import attention_inputs, decode_attention, greedy, linear, linear_preload, norms
 
 KERNELS = {linear: ["_skinny_gemm_kernel"], linear_preload: ["_preload_gemm_kernel"],
+           greedy: ["_chunk_max_kernel", "_row_max_kernel"],
            norms: ["_add_rms_norm_kernel", "_silu_mul_kernel"],
            attention_inputs: ["_attention_inputs_kernel"],
            decode_attention: ["_decode_split_kernel", "_decode_merge_kernel"],
@@ -40,7 +41,7 @@ class Recorder:
 
 
 def run_ops() -> None:
-    for module in (linear, norms, attention_inputs, decode_attention, logprob_reduce):
+    for module in (linear, greedy, norms, attention_inputs, decode_attention, logprob_reduce):
         module.use_triton = lambda t: True
     for module, names in KERNELS.items():
         for name in names:
@@ -53,6 +54,7 @@ def run_ops() -> None:
     linear_preload.preloaded_partials(torch.randn(2, 1024, **bf16), torch.randn(128, 1024, **bf16))
     norms.add_rms_norm(torch.randn(2, 3, 64), torch.ones(64, **bf16), 1e-6, torch.randn(3, 64, **bf16))
     norms.silu_mul(torch.randn(3, 128, **bf16))
+    greedy.greedy_max(torch.randn(2, 5000))
     heads, kv_heads, dim, block = 4, 2, 32, 16
     caches = [torch.zeros(4, block, kv_heads, dim, **bf16) for _ in range(2)]
     attention_inputs.attention_inputs(torch.randn(2, (heads + 2 * kv_heads) * dim, **bf16), heads, kv_heads,

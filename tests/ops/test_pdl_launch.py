@@ -19,9 +19,9 @@ PROBE = Path(__file__).with_name("pdl_probe.py")
 BEFORE_WAIT = {"_decode_split_kernel": ["ld.global"],  # the row's sequence length
                # its 8 weight tiles (128 x 1024 in the probe) by TMA; the input's tiles come after the wait
                "_preload_gemm_kernel": ["cp.async.bulk.tensor.2d"] * 8}
-EXPECTED = {"_skinny_gemm_kernel", "_preload_gemm_kernel", "_add_rms_norm_kernel", "_silu_mul_kernel",
-            "_attention_inputs_kernel", "_decode_split_kernel", "_decode_merge_kernel", "chunk_stats_kernel",
-            "finish_rows_kernel"}
+EXPECTED = {"_skinny_gemm_kernel", "_preload_gemm_kernel", "_chunk_max_kernel", "_row_max_kernel",
+            "_add_rms_norm_kernel", "_silu_mul_kernel", "_attention_inputs_kernel", "_decode_split_kernel",
+            "_decode_merge_kernel", "chunk_stats_kernel", "finish_rows_kernel"}
 
 
 @pytest.fixture(scope="module")

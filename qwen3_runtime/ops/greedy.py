@@ -1,0 +1,81 @@
+"""Greedy decoding's row maximum and its token: `logits.max(dim=-1)` in two Triton kernels launched with
+programmatic dependent launch. PyTorch's reduction ran 8.5 / 9.7 / 17 µs a step at batch 1 / 8 / 32
+(Qwen3-4B, H200), plus the gap of a plain launch after the lm_head, for ~0.6 MB of logits a row.
+
+Stage 1, one program per (row, chunk of the vocabulary): the chunk's largest value, its lowest id,
+and whether it holds a NaN. Stage 2, one program per row: the same over the chunks, in order.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from qwen3_runtime.ops import pdl_launch, use_triton
+
+CHUNK = 4096
+
+
+@triton.jit
+def _chunk_max_kernel(logits_ptr, chunk_max_ptr, chunk_id_ptr, vocab, stride_row, num_chunks,
+                      CHUNK: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    chunk = tl.program_id(1)
+    ids = chunk * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(logits_ptr + row * stride_row + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
+    has_nan = tl.max((x != x).to(tl.int32), axis=0)
+    x = tl.where(x != x, float("-inf"), x)
+    best = tl.max(x, axis=0)
+    first = tl.min(tl.where(x == best, ids, vocab), axis=0)
+    tl.store(chunk_max_ptr + row * num_chunks + chunk, tl.where(has_nan != 0, float("nan"), best))
+    tl.store(chunk_id_ptr + row * num_chunks + chunk, first)
+    if USE_PDL:
+        gdc_launch_dependents()
+
+
+@triton.jit
+def _row_max_kernel(chunk_max_ptr, chunk_id_ptr, peak_ptr, token_ptr, num_chunks, vocab,
+                    BLOCK_CHUNKS: tl.constexpr, USE_PDL: tl.constexpr):
+    if USE_PDL:
+        gdc_wait()
+    row = tl.program_id(0).to(tl.int64)
+    chunks = tl.arange(0, BLOCK_CHUNKS)
+    mask = chunks < num_chunks
+    m = tl.load(chunk_max_ptr + row * num_chunks + chunks, mask=mask, other=float("-inf"))
+    ids = tl.load(chunk_id_ptr + row * num_chunks + chunks, mask=mask, other=vocab)
+    has_nan = tl.max((m != m).to(tl.int32), axis=0)
+    m = tl.where(m != m, float("-inf"), m)
+    best = tl.max(m, axis=0)
+    first = tl.min(tl.where(m == best, ids, vocab), axis=0)  # chunks in id order: the lowest id overall
+    tl.store(peak_ptr + row, tl.where(has_nan != 0, float("nan"), best))
+    tl.store(token_ptr + row, first.to(tl.int64))
+    if USE_PDL:
+        gdc_launch_dependents()
+
+
+def greedy_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(largest logit [B] f32, its token id [B] int64) per row of fp32 logits [B, V]; ties go to the
+    lower id, and a row holding a NaN has the peak NaN (its token is then meaningless)."""
+    if not use_triton(logits):
+        return greedy_max_reference(logits)
+    rows, vocab = logits.shape
+    assert logits.dtype == torch.float32 and logits.stride(1) == 1
+    num_chunks = triton.cdiv(vocab, CHUNK)
+    chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
+    chunk_id = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
+    peak = torch.empty(rows, dtype=torch.float32, device=logits.device)
+    token = torch.empty(rows, dtype=torch.int64, device=logits.device)
+    if rows:
+        _chunk_max_kernel[(rows, num_chunks)](logits, chunk_max, chunk_id, vocab, logits.stride(0), num_chunks,
+                                              CHUNK=CHUNK, num_warps=8, **pdl_launch(logits))
+        _row_max_kernel[(rows,)](chunk_max, chunk_id, peak, token, num_chunks, vocab,
+                                 BLOCK_CHUNKS=triton.next_power_of_2(num_chunks), num_warps=1,
+                                 **pdl_launch(logits))
+    return peak, token
+
+
+def greedy_max_reference(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return logits.max(dim=-1)
