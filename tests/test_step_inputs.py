@@ -34,3 +34,14 @@ def test_seeds_keep_all_63_bits():
     host.fill(1, 1, input_ids=[1], positions=[0], slot_mapping=[0], seq_lens=[1], prev_rows=[-1],
               requests={0: RequestRow((-1, seed, 0, 0, 0), (1.0, 1.0))})
     assert host.seed.tolist() == [seed]
+
+
+def test_copy_stops_after_the_rows_block_tables():
+    host, device = StepInputs.allocate(4, 3, torch.device("cpu")), StepInputs.allocate(4, 3, torch.device("cpu"))
+    host.block_tables.copy_(torch.arange(12).view(4, 3))
+    host.fill(2, 2, input_ids=[7, 8], positions=[5, 0], slot_mapping=[21, 33], seq_lens=[6, 1], prev_rows=[-1, 0],
+              requests={0: GREEDY, 1: SAMPLED})
+    device.block_tables.fill_(-9)  # poison: rows past the copied ones must keep it
+    device.copy_from(host, 2)
+    assert device.block_tables.tolist() == [[0, 1, 2], [3, 4, 5], [-9] * 3, [-9] * 3]
+    assert device.input_ids.tolist()[:2] == [7, 8] and device.top_p.tolist()[1] == host.top_p.tolist()[1]
