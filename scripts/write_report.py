@@ -164,6 +164,20 @@ def profile(p: dict) -> list[str]:
     return lines
 
 
+def timeline(t: dict) -> list[str]:
+    """The critical path of a middle layer (scripts/step_timeline.py), one column per batch size."""
+    rows = t["rows"]
+    lines = [f"## A decode step's critical path per layer ({t['config']}, scripts/step_timeline.py)", "", _run(t), "",
+             "µs by which each kernel's end passes the previous kernel's end, the mean over the middle layers "
+             f"(context {rows[0]['context']} tokens); the column sums are a layer's time.", ""]
+    kernels = [" / ".join(sorted({r["layer"][i][1] for r in rows})) for i in range(len(rows[0]["layer"]))]
+    table = [[f"{role} ({kernels[i]})", *(f"{r['layer'][i][2]:.2f}" for r in rows)]
+             for i, (role, *_) in enumerate(rows[0]["layer"])]
+    table.append(["layer", *(f"{sum(us for *_, us in r['layer']):.2f}" for r in rows)])
+    table.append(["whole step (µs)", *(f"{r['step_us']:.0f}" for r in rows)])
+    return lines + _table(["kernel", *(f"batch {r['batch']}" for r in rows)], table)
+
+
 def kernels(k: dict) -> list[str]:
     lines = ["## Kernel decisions (scripts/bench_kernels.py, CUDA-graph replay medians, µs)"]
     if "gemm" in k:
@@ -244,8 +258,8 @@ def parity(r: dict) -> list[str]:
                             f"{r['mean_abs_err']:.2e}", f"{100 * r['argmax_agreement']:.1f}%"]])
 
 
-SECTIONS = {"decode.json": decode, "profile.json": profile, "kernels.json": kernels, "logprobs.json": logprobs,
-            "reduce.json": reduce, "lm_head.json": lm_head, "parity.json": parity}
+SECTIONS = {"decode.json": decode, "profile.json": profile, "timeline.json": timeline, "kernels.json": kernels,
+            "logprobs.json": logprobs, "reduce.json": reduce, "lm_head.json": lm_head, "parity.json": parity}
 
 
 def plots(results: dict) -> None:

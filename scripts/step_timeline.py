@@ -1,0 +1,96 @@
+"""A decode step's critical path, kernel by kernel: how far each kernel's end moves past the end of the
+kernel before it (torch.profiler over CUDA-graph replays, the median over replays), averaged over the
+middle layers. Kernels launched early (programmatic dependent launch) overlap, so their profiled
+durations do not add up; these deltas do, to the step's time.
+
+Usage: python -m scripts.step_timeline --config qwen3-4b --batch 1 8 32 --out DIR
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from qwen3_runtime import Runtime, SamplingParams
+from qwen3_runtime.runner import GREEDY
+from scripts.profiling import trace_events
+from scripts.report import environment
+
+LAYER = ("input norm", "qkv", "attention inputs", "attention split", "attention merge", "o_proj",
+         "post-attention norm", "gate/up", "down")  # a layer's kernels, in launch order
+
+
+def critical_path(events: list[dict]) -> dict:
+    """Per kernel of a layer, the mean of (its end - the previous kernel's end) over the middle layers, and
+    the same for the kernels before the first layer's norm (head) and after the last layer (tail)."""
+    events = sorted((e for e in events if e.get("cat") == "kernel"), key=lambda e: e["ts"])
+    starts = [i for i, e in enumerate(events) if e["name"].startswith("_embed_kernel")]
+    steps = [events[a:b] for a, b in zip(starts[1:], starts[2:] + [len(events)])]  # the first may be cut short
+    steps = [s for s in steps if len(s) == len(steps[0])]
+    names = [e["name"].split("(")[0][:40] for e in steps[0]]
+    deltas = np.median([_end_deltas(s) for s in steps], axis=0)
+    first = names.index("_add_rms_norm_kernel")
+    layers = (len(names) - first) // len(LAYER)
+    middle = [deltas[first + len(LAYER) * i:first + len(LAYER) * (i + 1)] for i in range(2, layers - 2)]
+    last = first + len(LAYER) * layers
+    layer = np.mean(middle, axis=0)
+    return {"layer": [[role, names[first + k], float(layer[k])] for k, role in enumerate(LAYER)],
+            "head": [[names[i], float(deltas[i])] for i in range(first)],
+            "tail": [[names[i], float(deltas[i])] for i in range(last, len(names))],
+            "step_us": float(np.median([s[-1]["ts"] + s[-1]["dur"] - s[0]["ts"] for s in steps]))}
+
+
+def _end_deltas(step: list[dict]) -> np.ndarray:
+    ends = np.array([e["ts"] + e["dur"] for e in step])
+    return np.concatenate([[step[0]["dur"]], np.diff(ends)])
+
+
+def timeline(rt: Runtime, batch: int, prompt_len: int, decode_steps: int) -> dict:
+    prompts = np.random.default_rng(batch).integers(0, rt.vocab_size, (batch, prompt_len)).tolist()
+    for prompt in prompts:
+        rt.add_request(prompt, SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True))
+    while rt.scheduler.waiting:
+        rt.step()
+    for _ in range(decode_steps):  # the context the profile sees
+        rt.step()
+    graphs = rt.runner.graphs
+    for _ in range(3):
+        graphs.run(batch, GREEDY)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(6):
+            graphs.run(batch, GREEDY)
+        torch.cuda.synchronize()
+    for seq in list(rt.scheduler.running):
+        rt.scheduler.finish(seq)
+    return {"batch": batch, "context": prompt_len + decode_steps, **critical_path(trace_events(prof))}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--config", default="qwen3-4b")
+    parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--decode-steps", type=int, default=60)
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args()
+    rt = Runtime.from_yaml(args.config, overrides={"engine.max_model_len": 1024,
+                                                   "engine.max_num_seqs": max(args.batch)})
+    rows = []
+    for batch in args.batch:
+        row = timeline(rt, batch, args.prompt_len, args.decode_steps)
+        rows.append(row)
+        layer = sum(us for *_, us in row["layer"])
+        print(f"batch {batch}: step {row['step_us']:.1f} us, a middle layer {layer:.2f} us: "
+              + ", ".join(f"{role} ({kernel}) {us:.2f}" for role, kernel, us in row["layer"]), flush=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "timeline.json").write_text(json.dumps({"config": args.config, "rows": rows, **environment()},
+                                                       indent=1))
+
+
+if __name__ == "__main__":
+    main()
