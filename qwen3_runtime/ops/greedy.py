@@ -18,6 +18,16 @@ CHUNK = 4096
 
 
 @triton.jit
+def _peak_and_first(x, ids, none):
+    """The largest of x (NaN if any is NaN) and the lowest of `ids` where it sits (`none` if nowhere)."""
+    has_nan = tl.max((x != x).to(tl.int32), axis=0)
+    x = tl.where(x != x, float("-inf"), x)
+    best = tl.max(x, axis=0)
+    first = tl.min(tl.where(x == best, ids, none), axis=0)
+    return tl.where(has_nan != 0, float("nan"), best), first
+
+
+@triton.jit
 def _chunk_max_kernel(logits_ptr, chunk_max_ptr, chunk_id_ptr, vocab, stride_row, num_chunks,
                       CHUNK: tl.constexpr, USE_PDL: tl.constexpr):
     if USE_PDL:
@@ -26,11 +36,8 @@ def _chunk_max_kernel(logits_ptr, chunk_max_ptr, chunk_id_ptr, vocab, stride_row
     chunk = tl.program_id(1)
     ids = chunk * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(logits_ptr + row * stride_row + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
-    has_nan = tl.max((x != x).to(tl.int32), axis=0)
-    x = tl.where(x != x, float("-inf"), x)
-    best = tl.max(x, axis=0)
-    first = tl.min(tl.where(x == best, ids, vocab), axis=0)
-    tl.store(chunk_max_ptr + row * num_chunks + chunk, tl.where(has_nan != 0, float("nan"), best))
+    peak, first = _peak_and_first(x, ids, vocab)
+    tl.store(chunk_max_ptr + row * num_chunks + chunk, peak)
     tl.store(chunk_id_ptr + row * num_chunks + chunk, first)
     if USE_PDL:
         gdc_launch_dependents()
@@ -46,11 +53,8 @@ def _row_max_kernel(chunk_max_ptr, chunk_id_ptr, peak_ptr, token_ptr, num_chunks
     mask = chunks < num_chunks
     m = tl.load(chunk_max_ptr + row * num_chunks + chunks, mask=mask, other=float("-inf"))
     ids = tl.load(chunk_id_ptr + row * num_chunks + chunks, mask=mask, other=vocab)
-    has_nan = tl.max((m != m).to(tl.int32), axis=0)
-    m = tl.where(m != m, float("-inf"), m)
-    best = tl.max(m, axis=0)
-    first = tl.min(tl.where(m == best, ids, vocab), axis=0)  # chunks in id order: the lowest id overall
-    tl.store(peak_ptr + row, tl.where(has_nan != 0, float("nan"), best))
+    peak, first = _peak_and_first(m, ids, vocab)  # chunks in id order: the lowest id overall
+    tl.store(peak_ptr + row, peak)
     tl.store(token_ptr + row, first.to(tl.int64))
     if USE_PDL:
         gdc_launch_dependents()
