@@ -12,13 +12,12 @@ import statistics
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from qwen3_runtime import Runtime, SamplingParams
+from qwen3_runtime import Runtime
 from qwen3_runtime.runner import GREEDY
-from scripts.profiling import trace_events
+from scripts.profiling import finish_batch, start_batch, trace_events
 from scripts.report import environment
 
 
@@ -35,14 +34,7 @@ def _kernel_family(name: str) -> str:
 
 
 def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int, logprobs: int | None = None) -> dict:
-    rng = np.random.default_rng(batch)
-    for prompt in rng.integers(0, rt.vocab_size, (batch, prompt_len)).tolist():
-        rt.add_request(prompt, SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True,
-                                                     logprobs=logprobs))
-    while rt.scheduler.waiting:
-        rt.step()
-    for _ in range(5):
-        rt.step()
+    start_batch(rt, batch, prompt_len, 5, logprobs)
     torch.cuda.synchronize()
     start = time.perf_counter()
     for _ in range(replays):
@@ -74,8 +66,7 @@ def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int, logpro
     kernels = sorted(({"kernel": k, "launches": n / profiled, "us": us / profiled}
                       for k, (n, us) in per_family.items()), key=lambda r: -r["us"])
     kernel_ms = sum(k["us"] for k in kernels) / 1e3
-    for seq in list(rt.scheduler.running):
-        rt.scheduler.finish(seq)
+    finish_batch(rt)
     return {"batch": batch, "logprobs": logprobs, "wall_ms": wall_ms, "replay_ms": replay_ms, "kernel_ms": kernel_ms,
             "launches": sum(k["launches"] for k in kernels), "kernels": kernels}
 

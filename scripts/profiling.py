@@ -3,11 +3,13 @@ from __future__ import annotations
 
 import json
 import tempfile
+from typing import Optional
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from qwen3_runtime import Runtime
+from qwen3_runtime import Runtime, SamplingParams
 
 # The runtime waits on its stream; the profiler's own exit is a cudaDeviceSynchronize, not counted.
 _SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize")
@@ -18,6 +20,23 @@ def trace_events(prof: profile) -> list[dict]:
     with tempfile.NamedTemporaryFile(suffix=".json") as f:
         prof.export_chrome_trace(f.name)
         return json.load(open(f.name))["traceEvents"]
+
+
+def start_batch(rt: Runtime, batch: int, prompt_len: int, decode_steps: int,
+                logprobs: Optional[int] = None) -> None:
+    """`batch` random greedy prompts (seeded by the batch size) prefilled, then `decode_steps` decode steps:
+    a running batch to profile. `finish_batch` ends it."""
+    for prompt in np.random.default_rng(batch).integers(0, rt.vocab_size, (batch, prompt_len)).tolist():
+        rt.add_request(prompt, SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True, logprobs=logprobs))
+    while rt.scheduler.waiting:
+        rt.step()
+    for _ in range(decode_steps):
+        rt.step()
+
+
+def finish_batch(rt: Runtime) -> None:
+    for seq in list(rt.scheduler.running):
+        rt.scheduler.finish(seq)
 
 
 def profile_steps(rt: Runtime, steps: int) -> tuple[list[int], int]:

@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from qwen3_runtime import Runtime, SamplingParams
+from qwen3_runtime import Runtime
 from qwen3_runtime.runner import GREEDY
-from scripts.profiling import trace_events
+from scripts.profiling import finish_batch, start_batch, trace_events
 from scripts.report import environment
 
 LAYER = ("input norm", "qkv", "attention inputs", "attention split", "attention merge", "o_proj",
@@ -50,13 +50,7 @@ def _end_deltas(step: list[dict]) -> np.ndarray:
 
 
 def timeline(rt: Runtime, batch: int, prompt_len: int, decode_steps: int) -> dict:
-    prompts = np.random.default_rng(batch).integers(0, rt.vocab_size, (batch, prompt_len)).tolist()
-    for prompt in prompts:
-        rt.add_request(prompt, SamplingParams(max_tokens=10_000, temperature=0, ignore_eos=True))
-    while rt.scheduler.waiting:
-        rt.step()
-    for _ in range(decode_steps):  # the context the profile sees
-        rt.step()
+    start_batch(rt, batch, prompt_len, decode_steps)  # decode_steps: the context the profile sees
     graphs = rt.runner.graphs
     for _ in range(3):
         graphs.run(batch, GREEDY)
@@ -65,8 +59,7 @@ def timeline(rt: Runtime, batch: int, prompt_len: int, decode_steps: int) -> dic
         for _ in range(6):
             graphs.run(batch, GREEDY)
         torch.cuda.synchronize()
-    for seq in list(rt.scheduler.running):
-        rt.scheduler.finish(seq)
+    finish_batch(rt)
     return {"batch": batch, "context": prompt_len + decode_steps, **critical_path(trace_events(prof))}
 
 
