@@ -73,15 +73,26 @@ def _decode_split_kernel(
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
-    # Staged by the host before the step, never written by a kernel: read while the predecessor runs.
+    # seq_lens and the block table are staged by the host before the step and never written by a kernel,
+    # so they are read while the predecessor runs: the first tile's block ids here, each next tile's
+    # during the tile before, so that K and V are one memory round trip away, not two (attention alone,
+    # Qwen3-4B on the H200: batch 32 at 4096 tokens 149 -> 131 us, at 1024 44 -> 40; batches 1 and 8
+    # unchanged). Masked positions never touch the block table: its tail may hold anything.
     seq_len = tl.load(seq_lens_ptr + row)
+    # Whole tiles per split (plain arithmetic: nested jit calls are slow in the interpreter).
+    num_tiles = (seq_len + BLOCK_N - 1) // BLOCK_N
+    split_tokens = (num_tiles + num_splits - 1) // num_splits * BLOCK_N
+    start = split * split_tokens
+    end = tl.minimum(start + split_tokens, seq_len)
+    offs_n = tl.arange(0, BLOCK_N)
+    block_table = block_tables_ptr + row * stride_bt_b
+    block_ids = tl.load(block_table + (start + offs_n) // PAGE_SIZE, mask=start + offs_n < end, other=0).to(tl.int64)
     if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
         if DEPENDENTS_EARLY:
             gdc_launch_dependents()
         gdc_wait()
 
     offs_g = tl.arange(0, BLOCK_G)
-    offs_n = tl.arange(0, BLOCK_N)
     offs_d = tl.arange(0, BLOCK_D)
     heads = kv_head * group_size + offs_g
     g_mask = offs_g < group_size
@@ -90,11 +101,6 @@ def _decode_split_kernel(
     split_out = split_out_ptr + row * stride_so_b + heads[:, None] * stride_so_h + split * stride_so_s + offs_d[None, :]
     partial_lse = partial_lse_ptr + row * stride_pl_b + heads * stride_pl_h + split
 
-    # Whole tiles per split (plain arithmetic: nested jit calls are slow in the interpreter).
-    num_tiles = (seq_len + BLOCK_N - 1) // BLOCK_N
-    split_tokens = (num_tiles + num_splits - 1) // num_splits * BLOCK_N
-    start = split * split_tokens
-    end = tl.minimum(start + split_tokens, seq_len)
     if start >= end:
         if SINGLE_SPLIT:
             tl.store(split_out, tl.zeros([BLOCK_G, BLOCK_D], split_out_ptr.dtype.element_ty), mask=gd_mask)
@@ -112,18 +118,17 @@ def _decode_split_kernel(
     running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    block_table = block_tables_ptr + row * stride_bt_b
     for tile_start in range(start, end, BLOCK_N):
         positions = tile_start + offs_n
         n_mask = positions < end
-        # Masked positions never touch the block table: its tail may hold anything.
-        block_ids = tl.load(block_table + positions // PAGE_SIZE, mask=n_mask, other=0).to(tl.int64)
         block_offsets = positions % PAGE_SIZE
         kv_mask = n_mask[:, None] & d_mask[None, :]
         k_rows = block_ids * stride_k_block + block_offsets * stride_k_offset + kv_head * stride_k_head
         v_rows = block_ids * stride_v_block + block_offsets * stride_v_offset + kv_head * stride_v_head
         k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        following = positions + BLOCK_N
+        block_ids = tl.load(block_table + following // PAGE_SIZE, mask=following < end, other=0).to(tl.int64)
 
         scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
         scores = tl.where(n_mask[None, :], scores, float("-inf"))
