@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from qwen3_runtime import Runtime
 from qwen3_runtime.runner import GREEDY
-from scripts.profiling import finish_batch, start_batch, trace_events
+from scripts.profiling import finish_batch, profiled_runtime, start_batch, trace_events
 from scripts.report import environment
 
 
@@ -80,8 +80,7 @@ def main() -> None:
     parser.add_argument("--logprobs", type=int, default=None, help="every row asks for this many")
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
-    rt = Runtime.from_yaml(args.config, overrides={"engine.max_model_len": 1024,
-                                                   "engine.max_num_seqs": max(args.batch)})
+    rt = profiled_runtime(args.config, args.batch)
     rows = []
     for batch in args.batch:
         row = profile_batch(rt, batch, args.prompt_len, args.replays, args.logprobs)

@@ -22,6 +22,12 @@ def trace_events(prof: profile) -> list[dict]:
         return json.load(open(f.name))["traceEvents"]
 
 
+def profiled_runtime(config: str, batches: list[int]) -> Runtime:
+    """The runtime profile_decode and step_timeline measure: the same engine limits for both, so their
+    figures describe the same captured step (the split count follows max_model_len)."""
+    return Runtime.from_yaml(config, overrides={"engine.max_model_len": 1024, "engine.max_num_seqs": max(batches)})
+
+
 def start_batch(rt: Runtime, batch: int, prompt_len: int, decode_steps: int,
                 logprobs: Optional[int] = None) -> None:
     """`batch` random greedy prompts (seeded by the batch size) prefilled, then `decode_steps` decode steps:

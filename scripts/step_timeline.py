@@ -17,7 +17,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from qwen3_runtime import Runtime
 from qwen3_runtime.runner import GREEDY
-from scripts.profiling import finish_batch, start_batch, trace_events
+from scripts.profiling import finish_batch, profiled_runtime, start_batch, trace_events
 from scripts.report import environment
 
 LAYER = ("input norm", "qkv", "attention inputs", "attention split", "attention merge", "o_proj",
@@ -71,8 +71,7 @@ def main() -> None:
     parser.add_argument("--decode-steps", type=int, default=60)
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
-    rt = Runtime.from_yaml(args.config, overrides={"engine.max_model_len": 1024,
-                                                   "engine.max_num_seqs": max(args.batch)})
+    rt = profiled_runtime(args.config, args.batch)
     rows = []
     for batch in args.batch:
         row = timeline(rt, batch, args.prompt_len, args.decode_steps)
