@@ -12,6 +12,7 @@ import json
 import statistics
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -72,23 +73,42 @@ def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:
     return rows, nbytes
 
 
-def transformers_static(args: argparse.Namespace) -> list[dict]:
+def transformers_static(args: argparse.Namespace) -> Iterator[dict]:
+    """A row per batch size, as it is measured (compiling for each batch size takes a while)."""
     from qwen3_runtime.config import load_config
 
     model = random_hf_model(load_config(args.config).model.architecture)
-    rows = []
     for batch in args.hf_batch:
         static_cache_tpot(model, batch, args.prompt_len, 8)  # compilation and CUDA-graph capture
         runs = [static_cache_tpot(model, batch, args.prompt_len, args.max_tokens, seed=r)
                 for r in range(args.repeats)]
-        rows.append({"mode": "transformers static cache", "batch": batch,
-                     **{k: statistics.median(r[k] for r in runs) for k in runs[0]}})
-        print(f"transformers static cache batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms  "
-              f"ITL {rows[-1]['itl_ms']:.2f} ms", flush=True)
+        row = {"mode": "transformers static cache", "batch": batch,
+               **{k: statistics.median(r[k] for r in runs) for k in runs[0]}}
+        print(f"transformers static cache batch {batch:3d}: TPOT {row['tpot_ms']:.2f} ms  "
+              f"ITL {row['itl_ms']:.2f} ms", flush=True)
+        yield row
     del model
     gc.collect()
     torch.cuda.empty_cache()
-    return rows
+
+
+def write_result(args: argparse.Namespace, rows: list[dict], hf_rows: list[dict], nbytes: int,
+                 bandwidth: float) -> None:
+    """decode.json with every row so far and the ratios they allow, rewritten as rows arrive: a run
+    stopped by a time limit keeps what it measured."""
+    floor_ms = 1e3 * nbytes / bandwidth
+    for row in rows + hf_rows:
+        row["vs_floor"] = row["tpot_ms"] / floor_ms
+    for row, (mode, key) in itertools.product(hf_rows, (("graph", "speedup_of_ours"),
+                                                         ("graph-async", "speedup_of_async"))):
+        ours_row = next((r for r in rows if r["mode"] == mode and r["batch"] == row["batch"]), None)
+        if ours_row:
+            row[key] = row["tpot_ms"] / ours_row["tpot_ms"]
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"config": args.config, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
+              "repeats": args.repeats, "weight_bytes": nbytes, "copy_bandwidth_bytes_s": bandwidth,
+              "floor_ms": floor_ms, "rows": rows + hf_rows, **environment()}
+    (args.out / "decode.json").write_text(json.dumps(result, indent=2))
 
 
 def main() -> None:
@@ -115,23 +135,18 @@ def main() -> None:
     for mode in args.modes:
         mode_rows, nbytes = ours(args, mode)
         rows += mode_rows
-    floor_ms = 1e3 * nbytes / bandwidth
-    print(f"weight-read floor: {nbytes / 1e9:.2f} GB / {bandwidth / 1e12:.2f} TB/s = {floor_ms:.3f} ms", flush=True)
-    hf_rows = transformers_static(args) if args.hf_batch else []
-    for row in rows + hf_rows:
-        row["vs_floor"] = row["tpot_ms"] / floor_ms
+    print(f"weight-read floor: {nbytes / 1e9:.2f} GB / {bandwidth / 1e12:.2f} TB/s = "
+          f"{1e3 * nbytes / bandwidth:.3f} ms", flush=True)
+    hf_rows: list[dict] = []
+    write_result(args, rows, hf_rows, nbytes, bandwidth)
+    for row in transformers_static(args) if args.hf_batch else []:
+        hf_rows.append(row)
+        write_result(args, rows, hf_rows, nbytes, bandwidth)
     for row, (mode, key) in itertools.product(hf_rows, (("graph", "speedup_of_ours"),
                                                          ("graph-async", "speedup_of_async"))):
-        ours_row = next((r for r in rows if r["mode"] == mode and r["batch"] == row["batch"]), None)
-        if ours_row:
-            row[key] = row["tpot_ms"] / ours_row["tpot_ms"]
-            print(f"batch {row['batch']}: ours ({mode}) {ours_row['tpot_ms']:.2f} ms vs transformers "
+        if key in row:
+            print(f"batch {row['batch']}: ours ({mode}) {row['tpot_ms'] / row[key]:.2f} ms vs transformers "
                   f"{row['tpot_ms']:.2f} ms = {row[key]:.2f}x", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    result = {"config": args.config, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
-              "repeats": args.repeats, "weight_bytes": nbytes, "copy_bandwidth_bytes_s": bandwidth,
-              "floor_ms": floor_ms, "rows": rows + hf_rows, **environment()}
-    (args.out / "decode.json").write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":
