@@ -30,6 +30,7 @@ class AttentionMetadata:
     block_tables: Optional[torch.Tensor] = None  # decode only: [B, max_blocks] int32
     seq_lens: Optional[torch.Tensor] = None  # decode only: [B] int32, 0 for padded rows
     num_splits: int = 1  # decode only: split-KV partitions (static)
+    split_arrivals: Optional[torch.Tensor] = None  # decode only: [B, kv_heads] int32 zeros (ops/decode_attention.py)
 
     @property
     def is_prefill(self) -> bool:
@@ -87,7 +88,8 @@ class Attention(nn.Module):
             out = prefill_attention(q, k, v, meta.cu_seqlens, self.scale)
         else:
             out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                         self.scale, meta.num_splits, dependents_early=preload)
+                                         self.scale, meta.num_splits, dependents_early=preload,
+                                         arrivals=meta.split_arrivals)
         out = out.reshape(x.shape[0], -1)
         if preload:
             return preloaded_partials(out, self.o_proj.weight)

@@ -82,6 +82,9 @@ class ModelRunner:
         self.prompt_logprobs = LogprobBuffers.allocate(self.lp_config.prompt_chunk_size, self.k_max, vocab,
                                                        self.device)
         self.packed = torch.zeros(max_rows, packed_width(self.k_max), dtype=torch.int32, device=self.device)
+        # Decode attention's split counts: zero between calls, so allocated once, before any capture.
+        self.split_arrivals = torch.zeros(max_rows, model.config.num_key_value_heads, dtype=torch.int32,
+                                          device=self.device)
         # Two, so a step's copy never lands on results not read yet (async scheduling).
         self.packed_host = torch.zeros(2, *self.packed.shape, dtype=torch.int32, pin_memory=pin)
         self._buffer = 0
@@ -126,7 +129,8 @@ class ModelRunner:
         num_splits = default_num_splits(batch, self.model.config.num_key_value_heads, self.max_model_len,
                                         num_sms(self.device))
         meta = AttentionMetadata(slot_mapping=inp.slot_mapping[:batch], block_tables=inp.block_tables[:batch],
-                                 seq_lens=inp.seq_lens[:batch], num_splits=num_splits)
+                                 seq_lens=inp.seq_lens[:batch], num_splits=num_splits,
+                                 split_arrivals=self.split_arrivals[:batch])
         # With async scheduling, rows fed by the step in flight read its sampled token here.
         fed_from = (inp.prev_row[:batch], self.packed[:, 0]) if self.async_scheduling else (None, None)
         embeds = embed(self.model.model.embed_tokens.weight, inp.input_ids[:batch], *fed_from)

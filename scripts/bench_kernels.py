@@ -60,12 +60,13 @@ def attention_rows(bandwidth: float) -> list[dict]:
         tables = torch.randperm(batch * blocks_per_row, device="cuda").view(batch, -1).int()
         seq_lens = torch.full((batch,), seq_len, device="cuda", dtype=torch.int32)
         q = [torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        arrivals = torch.zeros(batch, kv_heads, device="cuda", dtype=torch.int32)  # as the runner's: zero between calls
         floor = 2 * k_cache[:-1].numel() * 2 / bandwidth * 1e6
         for block_n, per_sm in itertools.product((16, 32, 64), (1, 2, 4)):
             decode_attention.BLOCK_N = block_n
             splits = decode_attention.default_num_splits(batch, kv_heads, 1024, num_sms, per_sm)
             us = graph_us_per_call(lambda x: decode_attention.paged_decode_attention(
-                x, k_cache, v_cache, tables, seq_lens, dim ** -0.5, splits), q)
+                x, k_cache, v_cache, tables, seq_lens, dim ** -0.5, splits, arrivals=arrivals), q)
             rows.append({"batch": batch, "seq_len": seq_len, "block_n": block_n, "programs_per_sm": per_sm,
                          "splits": splits, "us": us, "floor_us": floor})
             print(f"attention B={batch:2d} L={seq_len:4d} BLOCK_N={block_n:2d} per_sm={per_sm} splits={splits:2d}: "

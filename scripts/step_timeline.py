@@ -20,8 +20,8 @@ from qwen3_runtime.runner import GREEDY
 from scripts.profiling import finish_batch, profiled_runtime, start_batch, trace_events
 from scripts.report import environment
 
-LAYER = ("input norm", "qkv", "attention inputs", "attention split", "attention merge", "o_proj",
-         "post-attention norm", "gate/up", "down")  # a layer's kernels, in launch order
+LAYER = ("input norm", "qkv", "attention inputs", "attention", "o_proj", "post-attention norm", "gate/up",
+         "down")  # a layer's kernels, in launch order
 
 
 def critical_path(events: list[dict]) -> dict:

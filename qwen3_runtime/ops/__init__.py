@@ -31,11 +31,12 @@ def pdl_launch(t: torch.Tensor) -> dict:
     than inputs the host staged before the step (tests/ops/test_pdl_launch.py checks the PTX). Most
     trigger last: triggered first, the next kernels' waiting programs took SM slots early and a decode
     step got slower (H200, Qwen3-4B, batch 1: 3.44 against 3.02 ms; triggered last: 2.89). The
-    exceptions are the one-wave kernels right before a projection (the norm, the attention merge), which
-    trigger first, so the projection's programs are resident and start the moment they finish (batch 1:
-    2.68 against 2.64 ms), the attention inputs, so the attention kernel reads its rows' lengths
-    while they run (engine wall time per step at batch 1 / 8 / 32: 2.53 / 2.72 / 3.07 against 2.51 /
-    2.72 / 3.04 ms), and the attention split kernel when o_proj preloads its weights
+    exceptions are the norm, a one-wave kernel right before a projection, which triggers first, so the
+    projection's programs are resident and start the moment it finishes (batch 1: 2.68 against 2.64 ms,
+    measured with the attention merge kernel then doing the same), the attention inputs, so the
+    attention kernel reads its rows' lengths while they run (engine wall time per step at batch 1 / 8
+    / 32: 2.53 / 2.72 / 3.07 against 2.51 / 2.72 / 3.04 ms), and the attention kernel, which triggers
+    after its tiles, before its last split merges, or at its start when o_proj preloads its weights
     (ops/linear_preload.py)."""
     on = not TRITON_INTERPRET and _hopper_or_later(t.device)
     return {"USE_PDL": on, **({"launch_pdl": True} if on else {})}

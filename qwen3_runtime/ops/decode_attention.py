@@ -1,17 +1,19 @@
 """Paged decode attention: one new query token per sequence against its cached K/V.
 
-Split-KV (flash-decoding) in two kernels so that short batches still fill the GPU:
-1. grid (batch, kv_head, num_splits): each program takes the query heads sharing
-   one KV head (GQA group, padded to 16 rows so `tl.dot` uses tensor cores) and a
-   contiguous token range of its row, runs an online softmax over BLOCK_N-token
-   tiles gathered through the block table, and stores a normalised partial output
-   and its log-sum-exp (base 2) to scratch.
-2. grid (batch, head): merges the splits with exp2(lse_i - max) weights.
-With num_splits == 1 the first kernel writes the output itself and the merge is skipped.
-The grid is static and every token range is derived on the device from seq_lens
-(split length = ceil(seq_len / num_splits) rounded up to whole tiles), so the call
-is CUDA-graph capturable: a split past the end of its row only marks itself empty
-(lse = -inf) and the merge skips it; a row with seq_len 0 gets zeros.
+Split-KV (flash-decoding) in one kernel, grid (batch, kv_head, num_splits), so that short batches
+still fill the GPU: each program takes the query heads sharing one KV head (GQA group, padded to 16
+rows so `tl.dot` uses tensor cores) and a contiguous range of whole BLOCK_N-token tiles of its row,
+gathered through the block table, and runs an online softmax over them. A row whose tokens fill one
+split writes its output directly. Otherwise each split stores a normalised partial output and its
+log-sum-exp (base 2), counts its arrival with an atomic, and the last of the row's splits to arrive
+merges them (exp2(lse_i - max) weights, summed in a fixed order, so the result does not depend on which
+split is last) and resets the count for the next call. Against a second kernel for the merge
+(Qwen3-4B, H200, profile_decode wall ms per step at batch 1 / 8 / 32): 2.454-2.456 / 2.643-2.645 /
+2.994-2.997 -> 2.427-2.429 / 2.643-2.646 / 2.988-2.994, with 36 launches fewer.
+
+The grid is static and every range is derived on the device from seq_lens (split length =
+ceil(tiles / num_splits) whole tiles), so the call is CUDA-graph capturable: splits past a row's
+last token exit at once; a row with seq_len 0 gets zeros.
 """
 import math
 from typing import NamedTuple
@@ -36,39 +38,50 @@ PROGRAMS_PER_SM = 2
 FEW_PAIRS_PROGRAMS_PER_SM = 8
 # Beyond this the per-split overhead (q load, partial write, merge) outweighs the parallelism.
 MAX_SPLITS = 32
+# Partials the last split loads at once, (head, split) pairs: bounds its registers.
+MERGE_TILE = 64
 
 
 class DecodeWorkspace(NamedTuple):
-    """Scratch for the split partials; pass one to reuse it across layers."""
+    """Scratch for the split partials; pass one to reuse it across calls."""
 
     partial_out: torch.Tensor  # [B, H, num_splits, D] fp32, normalised per split
     partial_lse: torch.Tensor  # [B, H, num_splits] fp32, log2-sum-exp2 of scaled scores
+    arrivals: torch.Tensor  # [B, KVH] int32, zero between calls: the splits of (row, KV head) done so far
 
 
-def decode_workspace(batch: int, num_heads: int, num_splits: int, head_dim: int, device: torch.device) -> DecodeWorkspace:
-    """Uninitialised scratch: every split the merge reads is written first."""
+def decode_workspace(batch: int, num_heads: int, num_kv_heads: int, num_splits: int, head_dim: int,
+                     device: torch.device, arrivals: torch.Tensor | None = None) -> DecodeWorkspace:
+    """Partials uninitialised (a split's are read only after it wrote them); `arrivals` zeros unless given:
+    every call leaves the counts at zero, so one buffer, allocated before graph capture, serves them all."""
+    if arrivals is None:
+        arrivals = torch.zeros((batch, num_kv_heads), dtype=torch.int32, device=device)
     return DecodeWorkspace(
         torch.empty((batch, num_heads, num_splits, head_dim), dtype=torch.float32, device=device),
         torch.empty((batch, num_heads, num_splits), dtype=torch.float32, device=device),
+        arrivals,
     )
 
 
 @triton.jit
-def _decode_split_kernel(
+def _decode_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    split_out_ptr, partial_lse_ptr,
+    out_ptr, partial_out_ptr, partial_lse_ptr, arrivals_ptr,
     qk_scale_log2, num_splits, head_dim, group_size,
     stride_q_b, stride_q_h,
     stride_k_block, stride_k_offset, stride_k_head,
     stride_v_block, stride_v_offset, stride_v_head,
     stride_bt_b,
-    stride_so_b, stride_so_h, stride_so_s,
+    stride_out_b, stride_out_h,
+    stride_po_b, stride_po_h, stride_po_s,
     stride_pl_b, stride_pl_h,
+    stride_arrivals_b,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, SINGLE_SPLIT: tl.constexpr, USE_PDL: tl.constexpr,
-    DEPENDENTS_EARLY: tl.constexpr,
+    MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, DEPENDENTS_EARLY: tl.constexpr,
 ):
-    """split_out is the merge's fp32 scratch, or with SINGLE_SPLIT the output itself (no merge).
+    """MERGE_G x MERGE_S: the (head, split) partials the last split merges per load (few registers where
+    the splits are few, so a single-split launch pays nearly nothing for the merge it never runs).
     DEPENDENTS_EARLY: let the next kernels launch as this one starts (see paged_decode_attention)."""
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -82,9 +95,10 @@ def _decode_split_kernel(
     seq_len = tl.load(seq_lens_ptr + row)
     # Whole tiles per split (plain arithmetic: nested jit calls are slow in the interpreter).
     num_tiles = (seq_len + BLOCK_N - 1) // BLOCK_N
-    split_tokens = (num_tiles + num_splits - 1) // num_splits * BLOCK_N
-    start = split * split_tokens
-    end = tl.minimum(start + split_tokens, seq_len)
+    split_tiles = (num_tiles + num_splits - 1) // num_splits
+    used_splits = (num_tiles + split_tiles - 1) // tl.maximum(split_tiles, 1)
+    start = split * split_tiles * BLOCK_N
+    end = tl.minimum(start + split_tiles * BLOCK_N, seq_len)
     offs_n = tl.arange(0, BLOCK_N)
     block_table = block_tables_ptr + row * stride_bt_b
     block_ids = tl.load(block_table + (start + offs_n) // PAGE_SIZE, mask=start + offs_n < end, other=0).to(tl.int64)
@@ -99,15 +113,12 @@ def _decode_split_kernel(
     g_mask = offs_g < group_size
     d_mask = offs_d < head_dim
     gd_mask = g_mask[:, None] & d_mask[None, :]
-    split_out = split_out_ptr + row * stride_so_b + heads[:, None] * stride_so_h + split * stride_so_s + offs_d[None, :]
-    partial_lse = partial_lse_ptr + row * stride_pl_b + heads * stride_pl_h + split
+    out = out_ptr + row * stride_out_b + heads[:, None] * stride_out_h + offs_d[None, :]
+    out_dtype = out_ptr.dtype.element_ty
 
-    if start >= end:
-        if SINGLE_SPLIT:
-            tl.store(split_out, tl.zeros([BLOCK_G, BLOCK_D], split_out_ptr.dtype.element_ty), mask=gd_mask)
-        else:
-            # lse -inf marks the split as empty (the merge's identity); its output stays unwritten.
-            tl.store(partial_lse, tl.full([BLOCK_G], float("-inf"), tl.float32), mask=g_mask)
+    if start >= end:  # past the row's last token
+        if split == 0:  # no tokens at all (a padded row)
+            tl.store(out, tl.zeros([BLOCK_G, BLOCK_D], out_dtype), mask=gd_mask)
         return
 
     cache_dtype = k_cache_ptr.dtype.element_ty
@@ -141,49 +152,59 @@ def _decode_split_kernel(
         acc = acc * alpha[:, None] + tl.dot(p.to(cache_dtype), v, input_precision=DOT_PRECISION)
         running_max = new_max
 
-    tl.store(split_out, (acc / running_sum[:, None]).to(split_out_ptr.dtype.element_ty), mask=gd_mask)
-    if not SINGLE_SPLIT:
-        tl.store(partial_lse, running_max + tl.log2(running_sum), mask=g_mask)
-    if USE_PDL and not DEPENDENTS_EARLY:  # last: the next kernel may launch
+    if USE_PDL and not DEPENDENTS_EARLY:  # the next kernel may launch while the last split merges
         gdc_launch_dependents()
+    if used_splits == 1:
+        tl.store(out, (acc / running_sum[:, None]).to(out_dtype), mask=gd_mask)
+    else:
+        partial_out = partial_out_ptr + row * stride_po_b + split * stride_po_s
+        partial_lse = partial_lse_ptr + row * stride_pl_b + split
+        tl.store(partial_out + heads[:, None] * stride_po_h + offs_d[None, :], acc / running_sum[:, None], mask=gd_mask)
+        tl.store(partial_lse + heads * stride_pl_h, running_max + tl.log2(running_sum), mask=g_mask)
+        # Every thread's stores precede the count (release); the last split to arrive sees all the
+        # others' (acquire), reading them from L2 (.cg): its L1 may hold an earlier call's.
+        tl.debug_barrier()
+        arrivals = arrivals_ptr + row * stride_arrivals_b + kv_head
+        if tl.atomic_add(arrivals, 1, sem="acq_rel") == used_splits - 1:
+            tl.store(arrivals, 0)
+            _merge_splits(partial_out_ptr + row * stride_po_b, partial_lse_ptr + row * stride_pl_b,
+                          out_ptr + row * stride_out_b, kv_head * group_size, group_size, used_splits, head_dim,
+                          stride_po_h, stride_po_s, stride_pl_h, stride_out_h, MERGE_G, MERGE_S, BLOCK_D)
 
 
 @triton.jit
-def _decode_merge_kernel(
-    partial_out_ptr, partial_lse_ptr, out_ptr,
-    num_splits, head_dim,
-    stride_po_b, stride_po_h, stride_po_s,
-    stride_pl_b, stride_pl_h,
-    stride_out_b, stride_out_h,
-    BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
-):
-    if USE_PDL:  # the next kernel (a projection) may launch now and wait; this one waits for its predecessor
-        gdc_launch_dependents()
-        gdc_wait()
-    row = tl.program_id(0)
-    head = tl.program_id(1)
-
-    offs_s = tl.arange(0, BLOCK_S)
+def _merge_splits(partial_out, partial_lse, out, first_head, group_size, used_splits, head_dim,
+                  stride_po_h, stride_po_s, stride_pl_h, stride_out_h,
+                  MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, BLOCK_D: tl.constexpr):
+    """out[heads] = sum_i exp2(lse_i - max) * partial_i / sum_i exp2(lse_i - max) over the used splits,
+    MERGE_S of them per load (the running max rescales across loads)."""
+    offs_g = tl.arange(0, MERGE_G)
+    offs_s = tl.arange(0, MERGE_S)
     offs_d = tl.arange(0, BLOCK_D)
+    heads = first_head + offs_g
+    g_mask = offs_g < group_size
     d_mask = offs_d < head_dim
-    lse = tl.load(
-        partial_lse_ptr + row * stride_pl_b + head * stride_pl_h + offs_s,
-        mask=offs_s < num_splits, other=float("-inf"),
-    )
-    written = lse > float("-inf")
-    parts = tl.load(
-        partial_out_ptr + row * stride_po_b + head * stride_po_h
-        + offs_s[:, None] * stride_po_s + offs_d[None, :],
-        mask=written[:, None] & d_mask[None, :], other=0.0,
-    )
-    # A row with no tokens (seq_len 0) has no finite lse: shift by 0 so it gets zeros, not NaN.
-    lse_max = tl.max(lse, axis=0)
-    any_written = lse_max > float("-inf")
-    weights = tl.exp2(lse - tl.where(any_written, lse_max, 0.0))
-    total = tl.where(any_written, tl.sum(weights, axis=0), 1.0)
-    merged = tl.sum(weights[:, None] * parts, axis=0) / total
-    out = out_ptr + row * stride_out_b + head * stride_out_h + offs_d
-    tl.store(out, merged.to(out_ptr.dtype.element_ty), mask=d_mask)
+    # Padded heads keep a max of 0, not -inf, so their weights are 0 rather than NaN.
+    head_max = tl.where(g_mask, float("-inf"), 0.0)
+    total = tl.zeros([MERGE_G], tl.float32)
+    merged = tl.zeros([MERGE_G, BLOCK_D], tl.float32)
+    for first in range(0, used_splits, MERGE_S):
+        splits = first + offs_s
+        gs_mask = g_mask[:, None] & (splits[None, :] < used_splits)
+        lse = tl.load(partial_lse + heads[:, None] * stride_pl_h + splits[None, :], mask=gs_mask,
+                      other=float("-inf"), cache_modifier=".cg")
+        parts = tl.load(partial_out + heads[:, None, None] * stride_po_h + splits[None, :, None] * stride_po_s
+                        + offs_d[None, None, :], mask=gs_mask[:, :, None] & d_mask[None, None, :], other=0.0,
+                        cache_modifier=".cg")
+        new_max = tl.maximum(head_max, tl.max(lse, axis=1))
+        alpha = tl.exp2(head_max - new_max)
+        weights = tl.exp2(lse - new_max[:, None])
+        total = total * alpha + tl.sum(weights, axis=1)
+        merged = merged * alpha[:, None] + tl.sum(weights[:, :, None] * parts, axis=1)
+        head_max = new_max
+    total = tl.where(g_mask, total, 1.0)
+    tl.store(out + heads[:, None] * stride_out_h + offs_d[None, :],
+             (merged / total[:, None]).to(out.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
 
 
 def default_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
@@ -213,14 +234,16 @@ def paged_decode_attention(
     out: torch.Tensor | None = None,
     workspace: DecodeWorkspace | None = None,
     dependents_early: bool = False,
+    arrivals: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of q [B, H, D] over each row's seq_lens[b] cached tokens; returns [B, H, D].
 
     Caches are [num_blocks, block_size, KVH, D]; block_tables [B, max_blocks] int32.
-    out (contiguous, q's shape and dtype) and workspace are allocated when not given.
-    dependents_early: the split kernel lets the merge launch as it starts (the merge always does), so
-    the kernel after attention is resident while attention runs; for one that uses the time
-    (ops/linear_preload.py). For the skinny projections it costs 1-2% at batches 8 and 32.
+    out (contiguous, q's shape and dtype) and workspace are allocated when not given; `arrivals` is the
+    workspace's count buffer when no workspace is given (see decode_workspace).
+    dependents_early: the kernel lets the next one launch as it starts, so that one is resident while
+    attention runs; for a kernel that uses the time (ops/linear_preload.py). For the skinny projections
+    it costs 1-2% at batches 8 and 32.
     """
     if not use_triton(q):
         reference = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale)
@@ -235,45 +258,32 @@ def paged_decode_attention(
     if batch == 0:
         return out
     if workspace is None:
-        workspace = decode_workspace(batch, num_heads, num_splits, head_dim, q.device)
-    partial_out, partial_lse = workspace
+        workspace = decode_workspace(batch, num_heads, num_kv_heads, num_splits, head_dim, q.device, arrivals)
+    partial_out, partial_lse, arrivals = workspace
     assert partial_out.shape == (batch, num_heads, num_splits, head_dim) and out.stride(2) == 1
-    block_d = triton.next_power_of_2(head_dim)
-    # One split needs no merge: it writes the output directly, saving a launch per layer.
-    single_split = num_splits == 1
-    split_out = out.unsqueeze(2) if single_split else partial_out
-
-    _decode_split_kernel[(batch, num_kv_heads, num_splits)](
+    assert arrivals.shape == (batch, num_kv_heads) and arrivals.dtype == torch.int32 and arrivals.stride(1) == 1
+    merge_g = triton.next_power_of_2(group_size)
+    _decode_attention_kernel[(batch, num_kv_heads, num_splits)](
         q, k_cache, v_cache, block_tables, seq_lens,
-        split_out, partial_lse,
+        out, partial_out, partial_lse, arrivals,
         scale * math.log2(math.e), num_splits, head_dim, group_size,
         q.stride(0), q.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
-        split_out.stride(0), split_out.stride(1), split_out.stride(2),
-        partial_lse.stride(0), partial_lse.stride(1),
-        BLOCK_G=max(MIN_GROUP_ROWS, triton.next_power_of_2(group_size)),
-        BLOCK_N=BLOCK_N,
-        BLOCK_D=block_d,
-        PAGE_SIZE=block_size,  # constexpr: the page arithmetic becomes shifts
-        # fp32 caches (tests) need exact products; tf32 would miss 1e-5.
-        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
-        SINGLE_SPLIT=single_split,
-        DEPENDENTS_EARLY=dependents_early,
-        num_warps=4,
-        **pdl_launch(q),
-    )
-    if single_split:
-        return out
-    _decode_merge_kernel[(batch, num_heads)](
-        partial_out, partial_lse, out,
-        num_splits, head_dim,
+        out.stride(0), out.stride(1),
         partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
         partial_lse.stride(0), partial_lse.stride(1),
-        out.stride(0), out.stride(1),
-        BLOCK_S=triton.next_power_of_2(num_splits),
-        BLOCK_D=block_d,
+        arrivals.stride(0),
+        BLOCK_G=max(MIN_GROUP_ROWS, merge_g),
+        BLOCK_N=BLOCK_N,
+        BLOCK_D=triton.next_power_of_2(head_dim),
+        PAGE_SIZE=block_size,  # constexpr: the page arithmetic becomes shifts
+        MERGE_G=merge_g,
+        MERGE_S=min(triton.next_power_of_2(num_splits), max(1, MERGE_TILE // merge_g)),
+        # fp32 caches (tests) need exact products; tf32 would miss 1e-5.
+        DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
+        DEPENDENTS_EARLY=dependents_early,
         num_warps=4,
         **pdl_launch(q),
     )

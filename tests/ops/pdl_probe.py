@@ -24,7 +24,7 @@ KERNELS = {linear: ["_skinny_gemm_kernel"], linear_preload: ["_preload_gemm_kern
            greedy: ["_chunk_max_kernel", "_row_max_kernel"],
            norms: ["_add_rms_norm_kernel", "_silu_mul_kernel"],
            attention_inputs: ["_attention_inputs_kernel"],
-           decode_attention: ["_decode_split_kernel", "_decode_merge_kernel"],
+           decode_attention: ["_decode_attention_kernel"],
            logprob_kernels: ["chunk_stats_kernel", "finish_rows_kernel"]}
 TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.uint8: "u8",
          torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}

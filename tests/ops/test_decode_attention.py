@@ -3,6 +3,7 @@ import math
 import pytest
 import torch
 
+from qwen3_runtime.ops import decode_attention
 from qwen3_runtime.ops.decode_attention import (
     BLOCK_N,
     MAX_SPLITS,
@@ -91,25 +92,38 @@ KERNEL_CASES = [
 
 @pytest.mark.parametrize("block_size, num_kv_heads, group_size, num_splits", KERNEL_CASES)
 def test_kernel_matches_reference(block_size, num_kv_heads, group_size, num_splits):
+    _check_kernel(block_size, num_kv_heads, group_size, num_splits)
+
+
+@pytest.mark.parametrize("merge_tile", [4, 8])
+def test_last_split_merges_over_several_loads(monkeypatch, merge_tile):
+    """A merge tile smaller than the used splits (7 for the 200-token row): the running max carries over."""
+    monkeypatch.setattr(decode_attention, "MERGE_TILE", merge_tile)
+    _check_kernel(block_size=16, num_kv_heads=2, group_size=2, num_splits=16)
+
+
+def _check_kernel(block_size, num_kv_heads, group_size, num_splits):
     generator = torch.Generator().manual_seed(block_size + num_splits * 100 + group_size)
     kv = PagedKV(SEQ_LENS, block_size, num_kv_heads, HEAD_DIM, generator)
     num_heads = num_kv_heads * group_size
     q = torch.randn(len(SEQ_LENS), num_heads, HEAD_DIM, generator=generator)
     scale = HEAD_DIM**-0.5
-    # Poisoned buffers: any element the kernels fail to write, or read without writing, shows as NaN.
+    # Poisoned buffers: any element the kernel fails to write, or reads without writing, shows as NaN.
     out = torch.full_like(q, float("nan"))
-    workspace = decode_workspace(len(SEQ_LENS), num_heads, num_splits, HEAD_DIM, q.device)
+    workspace = decode_workspace(len(SEQ_LENS), num_heads, num_kv_heads, num_splits, HEAD_DIM, q.device)
     workspace.partial_out.fill_(float("nan"))
     workspace.partial_lse.fill_(float("nan"))
-
-    paged_decode_attention(
-        q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale, num_splits, out=out, workspace=workspace,
-    )
-
     expected = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale)
-    assert not out.isnan().any()
-    assert _max_rel_err(out, expected) <= 1e-5
-    assert (out[SEQ_LENS.index(0)] == 0).all()
+
+    for _ in range(2):  # the second call reuses the split counts the first left behind
+        paged_decode_attention(
+            q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale, num_splits, out=out, workspace=workspace,
+        )
+
+        assert not out.isnan().any()
+        assert _max_rel_err(out, expected) <= 1e-5
+        assert (out[SEQ_LENS.index(0)] == 0).all()
+        assert (workspace.arrivals == 0).all()
 
 
 @pytest.mark.parametrize("num_splits", [1, 4])
@@ -167,7 +181,7 @@ def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
     batch, num_splits, scale = 8, 8, 128**-0.5
     q, kv = _real_shape_inputs(batch, generator)
     out = torch.empty_like(q)
-    workspace = decode_workspace(batch, 32, num_splits, 128, q.device)
+    workspace = decode_workspace(batch, 32, 8, num_splits, 128, q.device)
 
     def step():
         paged_decode_attention(

@@ -17,12 +17,12 @@ PROBE = Path(__file__).with_name("pdl_probe.py")
 # The only reads allowed before the wait: inputs the host staged before the step and weights, which no
 # kernel writes.
 # The row's sequence length and its first tile's block ids (8 loads a thread for the probe's 32-token tile).
-BEFORE_WAIT = {"_decode_split_kernel": ["ld.global"] * 9,
+BEFORE_WAIT = {"_decode_attention_kernel": ["ld.global"] * 9,
                # its 8 weight tiles (128 x 1024 in the probe) by TMA; the input's tiles come after the wait
                "_preload_gemm_kernel": ["cp.async.bulk.tensor.2d"] * 8}
 EXPECTED = {"_skinny_gemm_kernel", "_preload_gemm_kernel", "_chunk_max_kernel", "_row_max_kernel",
-            "_add_rms_norm_kernel", "_silu_mul_kernel", "_attention_inputs_kernel", "_decode_split_kernel",
-            "_decode_merge_kernel", "chunk_stats_kernel", "finish_rows_kernel"}
+            "_add_rms_norm_kernel", "_silu_mul_kernel", "_attention_inputs_kernel", "_decode_attention_kernel",
+            "chunk_stats_kernel", "finish_rows_kernel"}
 
 
 @pytest.fixture(scope="module")
