@@ -85,6 +85,8 @@ def compile_for_hopper(kernel: triton.JITFunction, args: tuple, kwargs: dict) ->
     constexprs["USE_PDL"] = True  # launched with launch_pdl on Hopper, so it must wait itself
     if "WAIT_PRIOR" in constexprs:
         constexprs["WAIT_PRIOR"] = True
+    if "PREFETCH_TILES" in constexprs:  # on Hopper the skinny GEMM requests weight tiles before its wait
+        constexprs["PREFETCH_TILES"] = 1
     signature = {name: "constexpr" if name in constexprs else _type(values[name]) for name in kernel.arg_names}
     options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
     source_type = GluonASTSource if isinstance(kernel, GluonJITFunction) else triton.compiler.ASTSource

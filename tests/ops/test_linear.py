@@ -45,6 +45,15 @@ def test_gated_linear_is_silu_of_gate_times_up(rows, n, k):
                                atol=1e-6 * ref.abs().max().item())
 
 
+@pytest.mark.parametrize("shape, tiles", [((6144, 2560), 2), ((19456, 2560), 1), ((64, 256), 2), ((64, 100), 0)])
+def test_prefetch_is_about_prefetch_bytes_in_whole_tiles_inside_the_row(monkeypatch, shape, tiles):
+    """Qwen3-4B's qkv and gate/up, a small weight (capped by its 2 tiles) and one shorter than a tile."""
+    monkeypatch.setattr(linear_module, "pdl_launch", lambda t: {"USE_PDL": True})
+    weight = torch.empty(shape, dtype=torch.bfloat16, device="meta")
+    assert linear_module._prefetch_tiles(weight) == tiles
+    assert linear_module._prefetch_tiles(weight.float()) == 0
+
+
 def test_larger_batches_prefill_and_empty_ones_go_to_the_library(monkeypatch):
     x, weight = torch.randn(linear_module.SKINNY_MAX_ROWS + 1, 32), torch.randn(16, 32)
     _close(linear(x, weight), x, weight)
