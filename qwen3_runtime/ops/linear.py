@@ -28,11 +28,12 @@ BLOCK_N, BLOCK_K = 64, 128
 # the best of 2-8 stages for each Qwen3-4B projection at 1, 8 and 32 rows on the H200 (triton 3.6).
 WEIGHT_STAGES_PER_SM = 9
 MAX_STAGES = 6
-# A projection after a norm (qkv, gate/up) requests the first K-tiles of its programs' weight rows into
-# L2 before its PDL wait, about this many bytes in all (whole tiles, at least one): they arrive while the
-# norm runs and the DRAM idles. Qwen3-4B, H200, profile_decode wall ms per step at batch 1 / 8 / 32:
-# 2.431 / 2.651 / 2.989 without, 2.410 / 2.619 / 2.956 with (qkv 2 tiles, gate/up 1); qkv alone 2 tiles
-# 2.421 / 2.637 / 2.976, 4 tiles 2.435 / 2.651 / 2.980.
+# A projection whose programs take all of K (qkv, gate/up: each after a norm) requests the first K-tiles
+# of its programs' weight rows into L2 before its PDL wait, about this many bytes in all (whole tiles, at
+# least one): they arrive while the norm runs and the DRAM idles. Qwen3-4B, H200, profile_decode wall ms
+# per step at batch 1 / 8 / 32: 2.431 / 2.651 / 2.989 without, 2.410 / 2.619 / 2.956 with (qkv 2 tiles,
+# gate/up 1); qkv alone 2 tiles 2.421 / 2.637 / 2.976, 4 tiles 2.435 / 2.651 / 2.980; gate/up 2 tiles, or
+# down_proj's slices 1-2 tiles (after gate/up, which keeps the DRAM busy), slower than the rule.
 PREFETCH_BYTES = 4 << 20
 
 
@@ -59,7 +60,7 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, 
     if PREFETCH_TILES > 0:  # weights are never written, so they may be requested before the wait
         row_starts = w_ptr + tl.where(cols < N, w_rows, 0).to(tl.int64) * stride_wn + split * k_per_split
         tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
-                                  [row_starts, tl.full([BLOCK_N], PREFETCH_TILES * BLOCK_K * 2, tl.int32)],
+                                  [row_starts, tl.full([BLOCK_N], PREFETCH_TILES * BLOCK_K * 2, tl.int32)],  # bf16
                                   dtype=tl.int32, is_pure=False, pack=1)
     if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
         gdc_wait()
@@ -100,8 +101,8 @@ def _num_stages(programs: int, device: torch.device) -> int:
 
 
 def _prefetch_tiles(weight: torch.Tensor) -> int:
-    """K-tiles per weight row for the pre-wait L2 prefetch: Hopper and bf16 rows with 16-byte alignment
-    (the bulk prefetch's), whole tiles inside the row."""
+    """K-tiles per weight row for the pre-wait L2 prefetch: only where the kernel launches early (ops.pdl_launch),
+    for bf16 rows with the bulk prefetch's 16-byte alignment, whole tiles inside the row."""
     if not (weight.dtype == torch.bfloat16 and pdl_launch(weight)["USE_PDL"] and weight.data_ptr() % 16 == 0
             and weight.stride(0) % 8 == 0):
         return 0
