@@ -157,9 +157,10 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, decode: bool = True,
     """x @ weight^T as [S, T, N] fp32 partial sums over S slices of K ([1, T, N] in x's dtype from
     cuBLAS), for `add_rms_norm` to add up. By default the N / BLOCK_N column tiles x S programs are
     one per SM at most, with slices of at least 4 K-tiles (whole tiles, the last slice shorter where K
-    does not divide): Qwen3-4B's o_proj and down_proj (40 tiles) take 3 slices, 120 programs of 6 stages. Against 4 equal slices (160 programs of 4 stages, which
-    leave 28 SMs two programs), H200: down_proj 14.29 -> 13.98 us at 1 row, 15.58 -> 15.18 at 32, o_proj
-    7.48 -> 7.30 at 32 (at up to 8 rows o_proj preloads, ops/linear_preload.py)."""
+    does not divide): Qwen3-4B's o_proj and down_proj (40 tiles) take 3 slices, 120 programs of 6
+    stages. Against 4 equal slices (160 programs of 4 stages, which leave 28 SMs two programs), H200:
+    down_proj 14.29 -> 13.98 us at 1 row, 15.58 -> 15.18 at 32, o_proj 7.48 -> 7.30 at 32 (at up to
+    8 rows o_proj preloads, ops/linear_preload.py)."""
     if not _skinny(x, decode):
         return F.linear(x, weight)[None]
     n, k = weight.shape

@@ -16,8 +16,8 @@ import pytest
 PROBE = Path(__file__).with_name("pdl_probe.py")
 # The only reads allowed before the wait: inputs the host staged before the step and weights, which no
 # kernel writes.
-# The row's sequence length and its first tile's block ids (8 loads a thread for the probe's 32-token tile).
-BEFORE_WAIT = {"_decode_attention_kernel": ["ld.global"] * 9,
+BEFORE_WAIT = {# the row's sequence length and its first tile's block ids (8 loads a thread, the probe's 32-token tile)
+               "_decode_attention_kernel": ["ld.global"] * 9,
                # its weight rows' first K-tiles requested into L2 (one bulk prefetch a thread)
                "_skinny_gemm_kernel": ["cp.async.bulk.prefetch.L2"],
                # its 8 weight tiles (128 x 1024 in the probe) by TMA; the input's tiles come after the wait
