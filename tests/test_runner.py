@@ -144,6 +144,20 @@ def test_one_device_to_host_copy_per_step(make_runtime, tiny_checkpoint):
     assert host.stats.d2h_bytes == 8 * 4 * 45 * 4 + 3 * 8 * 512 * 4
 
 
+def test_a_step_is_read_before_the_step_two_after_it_launches(make_runtime, tiny_checkpoint):
+    """Results alternate between two buffers: a third launch with the first step unread would overwrite them."""
+    rt = make_runtime(tiny_checkpoint)
+    rt.add_request([1, 2, 3], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+    rt.step()  # the prefill
+    seqs = list(rt.scheduler.running)
+    first = rt.runner.launch_decode(seqs)
+    rt.runner.launch_decode(seqs)
+    with pytest.raises(RuntimeError, match="collected"):
+        rt.runner.launch_decode(seqs)
+    rt.runner.collect(first)
+    rt.runner.launch_decode(seqs)
+
+
 def test_prompt_logprobs_add_one_copy_and_no_wait(make_runtime, tiny_checkpoint):
     """Every chunk of every prompt lands in one packed copy, read after the prefill's own wait."""
     rt = make_runtime(tiny_checkpoint, logprobs__prompt_chunk_size=4)

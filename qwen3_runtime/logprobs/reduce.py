@@ -158,8 +158,10 @@ def _check_inputs(logits, token_ids, num_top, k_max, row_mask) -> None:
     for name, t in (("token_ids", token_ids), ("num_top", num_top)):
         if t.shape != (n_rows,) or t.dtype.is_floating_point or t.dtype == torch.bool or t.stride(0) != 1:
             raise ValueError(f"{name} must be a contiguous [{n_rows}] integer tensor, got {tuple(t.shape)} {t.dtype}")
-    if row_mask is not None and (row_mask.shape != (n_rows,) or row_mask.dtype != torch.bool):
-        raise ValueError(f"row_mask must be a [{n_rows}] bool tensor")
+    if row_mask is not None and (row_mask.shape != (n_rows,) or row_mask.dtype.is_floating_point
+                                 or row_mask.stride(0) != 1):
+        raise ValueError(f"row_mask must be a contiguous [{n_rows}] bool or integer tensor, got "
+                         f"{tuple(row_mask.shape)} {row_mask.dtype}")
     if k_max < 0:
         raise ValueError(f"k_max={k_max} must be >= 0")
 
@@ -174,7 +176,8 @@ def _check_out(out: LogprobBuffers, n_rows: int, k_max: int, vocab: int, device:
 
 def reduce_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: torch.Tensor, k_max: int,
                     row_mask: torch.Tensor | None = None, out: LogprobBuffers | None = None) -> LogprobBuffers:
-    """Per row i (where row_mask[i]): logsumexp, logprob and 1-based rank of token_ids[i], and
+    """Per row i (where row_mask[i] is true or nonzero: an integer mask can be a staged input as it is,
+    with no kernel to convert it): logsumexp, logprob and 1-based rank of token_ids[i], and
     the num_top[i] (<= k_max, a static int) largest logprobs, value descending then lower id.
 
     All reductions are fp32 on the exact inputs, in a fixed order (bitwise reproducible,

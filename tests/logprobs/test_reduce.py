@@ -186,7 +186,8 @@ def test_status_rows():
     assert out.status.tolist() == [1, 1, 1, 2, 2, 1]
 
 
-def check_row_mask_leaves_other_rows_untouched(logits: torch.Tensor, config: ReduceConfig) -> None:
+def check_row_mask_leaves_other_rows_untouched(logits: torch.Tensor, config: ReduceConfig,
+                                               mask_dtype: torch.dtype = torch.bool) -> None:
     n_rows, vocab = logits.shape
     k_max = 5
     out = LogprobBuffers.allocate(n_rows, k_max, vocab, logits.device, config)
@@ -197,15 +198,16 @@ def check_row_mask_leaves_other_rows_untouched(logits: torch.Tensor, config: Red
     poisoned = {name: getattr(out, name).clone() for name in FIELDS}
     mask = (torch.arange(n_rows) % 2 == 1).to(logits.device)
     token_ids = torch.arange(n_rows) + 1
-    run(logits, token_ids, [k_max] * n_rows, k_max, row_mask=mask, out=out)
+    run(logits, token_ids, [k_max] * n_rows, k_max, row_mask=mask.to(mask_dtype), out=out)
     for name in FIELDS:
         assert torch.equal(getattr(out, name)[~mask], poisoned[name][~mask]), name
     for i in range(1, n_rows, 2):
         assert_row_matches(logits, out, i, i + 1, k_max)
 
 
-def test_row_mask_leaves_other_rows_untouched():
-    check_row_mask_leaves_other_rows_untouched(realistic_logits(4, 70, seed=11), TINY)
+@pytest.mark.parametrize("mask_dtype", [torch.bool, torch.int64])  # int64: the runner's staged flag
+def test_row_mask_leaves_other_rows_untouched(mask_dtype):
+    check_row_mask_leaves_other_rows_untouched(realistic_logits(4, 70, seed=11), TINY, mask_dtype)
 
 
 FIELDS = ("logprob", "rank", "logsumexp", "top_ids", "top_logprobs", "status")
@@ -318,7 +320,7 @@ def test_gpu_status_and_row_mask(pdl):
     token_ids = torch.tensor([1, 2, 3, QWEN_VOCAB, -5, 6, 7, 8])
     out = check_all(logits, token_ids.cuda(), torch.full((8,), 20).cuda(), 20, config)
     assert out.status.tolist() == [1, 1, 1, 2, 2, 0, 0, 0]
-    check_row_mask_leaves_other_rows_untouched(logits, config)
+    check_row_mask_leaves_other_rows_untouched(logits, config, torch.int64)
 
 
 @gpu
