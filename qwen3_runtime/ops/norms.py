@@ -25,12 +25,14 @@ from qwen3_runtime.ops import pdl_launch, use_triton
 def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n_cols, stride_part, eps,
                          NUM_PARTS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
                          USE_PDL: tl.constexpr):
-    if USE_PDL:  # the next kernel (a projection) may launch now and wait; this one waits for its predecessor
-        gdc_launch_dependents()
-        gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
+    # No kernel writes the weight, so it is read while the predecessor finishes, not after the reduction.
+    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+    if USE_PDL:  # the next kernel (a projection) may launch now and wait; this one waits for its predecessor
+        gdc_launch_dependents()
+        gdc_wait()
     dtype = out_ptr.dtype.element_ty
     x = tl.zeros([BLOCK], tl.float32)
     for part in tl.static_range(NUM_PARTS):  # a split projection's partial sums, loads issued together
@@ -43,7 +45,6 @@ def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n_cols, strid
         x = x.to(tl.float32)
     inv_rms = tl.rsqrt(tl.sum(x * x, axis=0) / n_cols + eps)
     normed = (x * inv_rms).to(dtype).to(tl.float32)
-    weight = tl.load(weight_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     tl.store(out_ptr + row * n_cols + cols, (normed * weight).to(dtype), mask=mask)
 
 
