@@ -131,7 +131,8 @@ class ModelRunner:
     def _decode_step(self, batch: int, key: tuple[str, int]) -> torch.Tensor:
         """The captured step, one per (variant, buffer): reads only static inputs, writes its results into
         `self.packed[buffer]`."""
-        (variant, buffer), inp = key, self.inputs
+        variant, buffer = key
+        inp = self.inputs
         num_splits = default_num_splits(batch, self.model.config.num_key_value_heads, self.max_model_len,
                                         num_sms(self.device))
         meta = AttentionMetadata(slot_mapping=inp.slot_mapping[:batch], block_tables=inp.block_tables[:batch],

@@ -299,7 +299,9 @@ def launch_reduce(logits: torch.Tensor, token_ids: torch.Tensor, num_top: torch.
     n_rows, vocab = logits.shape
     k_max = out.k_max
     has_mask = row_mask is not None
-    mask = token_ids if not has_mask else row_mask.view(torch.uint8) if row_mask.dtype == torch.bool else row_mask
+    mask = token_ids  # any pointer when unused
+    if has_mask:
+        mask = row_mask.view(torch.uint8) if row_mask.dtype == torch.bool else row_mask
     pdl = bool(cfg.pdl) and logits.is_cuda and not TRITON_INTERPRET
     pdl_first = pdl and bool(cfg.pdl_first)
     inputs = (logits, logits.stride(0), token_ids, num_top, mask,
