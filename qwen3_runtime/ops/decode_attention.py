@@ -31,11 +31,14 @@ BLOCK_N = 32
 MIN_GROUP_ROWS = 16
 # Enough programs for about two waves: latency hiding for the gathered loads.
 PROGRAMS_PER_SM = 2
-# Where (row, KV head) pairs fill at most half the SMs: more splits, so each holds about one tile at
-# typical lengths (a program's tiles run one after another). Qwen3-4B at batch 8 (17 splits instead of
-# 5) on the H200, engine wall ms per step with o_proj preloaded: 2.697 -> 2.671; at batch 32 it would
-# cost 5%, so it stops at 64 pairs.
-FEW_PAIRS_PROGRAMS_PER_SM = 8
+# Where (row, KV head) pairs fill at most half the SMs (up to 8 rows of Qwen3-4B): this many splits, about
+# one tile each at a few hundred tokens. More would leave most programs empty and, at 8 rows, make more
+# programs than the SMs hold at once (1088 for 17 splits; 5 fit an SM), so o_proj, which launches only
+# once all of them have started, preloads its weights later. Qwen3-4B on the H200, profile_decode wall ms
+# per step: batch 1 32 -> 8 splits 2.353 -> 2.338, batch 4 32 -> 8 2.491 -> 2.455, batch 8 17 -> 8 2.587
+# -> 2.552 (6: 2.552, 9: 2.562, 10: 2.566, 12: 2.570); at 1024 tokens a row (replay ms) batch 1 2.504 ->
+# 2.511, batch 8 3.096 -> 2.969, and 4 splits slower at both (2.636, 3.091).
+FEW_PAIRS_SPLITS = 8
 # Beyond this the per-split overhead (q load, partial write, merge) outweighs the parallelism.
 MAX_SPLITS = 32
 # Partials the last split loads at once, (head, split) pairs: bounds its registers.
@@ -209,16 +212,17 @@ def _merge_splits(partial_out, partial_lse, out, first_head, group_size, used_sp
 
 def default_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
                        programs_per_sm: int | None = None) -> int:
-    """Splits per (row, kv head) so the split kernel has about `programs_per_sm` programs per SM (by
-    default two, eight when the pairs fill at most half the SMs).
+    """Splits per (row, kv head): FEW_PAIRS_SPLITS where the pairs fill at most half the SMs, otherwise
+    enough for about `programs_per_sm` programs per SM (default two; given, it applies to any batch).
 
     Fixed per captured batch size; rows shorter than max_seq_len simply leave
     their trailing splits empty. num_sms: torch.cuda.get_device_properties(...).multi_processor_count.
     """
     pairs = batch_size * num_kv_heads
-    if programs_per_sm is None:
-        programs_per_sm = FEW_PAIRS_PROGRAMS_PER_SM if 2 * pairs <= num_sms else PROGRAMS_PER_SM
-    wanted = math.ceil(programs_per_sm * num_sms / pairs)
+    if programs_per_sm is None and 2 * pairs <= num_sms:
+        wanted = FEW_PAIRS_SPLITS
+    else:
+        wanted = math.ceil((programs_per_sm or PROGRAMS_PER_SM) * num_sms / pairs)
     useful = math.ceil(max_seq_len / BLOCK_N)
     return max(1, min(wanted, useful, MAX_SPLITS))
 

@@ -6,6 +6,7 @@ import torch
 from qwen3_runtime.ops import decode_attention
 from qwen3_runtime.ops.decode_attention import (
     BLOCK_N,
+    FEW_PAIRS_SPLITS,
     MAX_SPLITS,
     decode_workspace,
     default_num_splits,
@@ -139,11 +140,13 @@ def test_kernel_gives_zeros_for_an_all_padded_batch(num_splits):
 
 
 def test_default_num_splits_fills_the_gpu_only_when_rows_are_few():
-    assert default_num_splits(batch_size=1, num_kv_heads=8, max_seq_len=40960, num_sms=132) == MAX_SPLITS
-    assert default_num_splits(batch_size=64, num_kv_heads=8, max_seq_len=40960, num_sms=132) == 1
-    # Pairs filling at most half the SMs get about 8 programs per SM, more about 2.
-    assert default_num_splits(batch_size=8, num_kv_heads=8, max_seq_len=40960, num_sms=132) == 17
+    # Pairs filling at most half the SMs get a fixed number of splits, more about 2 programs per SM.
+    assert default_num_splits(batch_size=1, num_kv_heads=8, max_seq_len=40960, num_sms=132) == FEW_PAIRS_SPLITS
+    assert default_num_splits(batch_size=8, num_kv_heads=8, max_seq_len=40960, num_sms=132) == FEW_PAIRS_SPLITS
     assert default_num_splits(batch_size=16, num_kv_heads=8, max_seq_len=40960, num_sms=132) == 3
+    assert default_num_splits(batch_size=64, num_kv_heads=8, max_seq_len=40960, num_sms=132) == 1
+    # A given programs_per_sm applies to any batch (bench_kernels sweeps it).
+    assert default_num_splits(batch_size=8, num_kv_heads=8, max_seq_len=40960, num_sms=132, programs_per_sm=4) == 9
     # Never more splits than tiles in the longest row.
     assert default_num_splits(batch_size=1, num_kv_heads=8, max_seq_len=BLOCK_N + 8, num_sms=132) == 2
 
