@@ -1,7 +1,9 @@
 """A decode step's critical path, kernel by kernel: how far each kernel's end moves past the end of the
 kernel before it (torch.profiler over CUDA-graph replays, the median over replays), averaged over the
 middle layers. Kernels launched early (programmatic dependent launch) overlap, so their profiled
-durations do not add up; these deltas do, to the step's time.
+durations do not add up; these deltas do, to the step's time. The JSON also gives each kernel's start
+against the previous kernel's end ("layer_starts", negative where it launched early): how early a
+dependent kernel got resident.
 
 Usage: python -m scripts.step_timeline --config qwen3-4b --batch 1 8 32 --out DIR
 """
@@ -33,12 +35,15 @@ def critical_path(events: list[dict]) -> dict:
     steps = [s for s in steps if len(s) == len(steps[0])]
     names = [e["name"].split("(")[0][:40] for e in steps[0]]
     deltas = np.median([_end_deltas(s) for s in steps], axis=0)
+    leads = np.median([_start_leads(s) for s in steps], axis=0)
     first = names.index("_add_rms_norm_kernel")
     layers = (len(names) - first) // len(LAYER)
-    middle = [deltas[first + len(LAYER) * i:first + len(LAYER) * (i + 1)] for i in range(2, layers - 2)]
+    middle = [slice(first + len(LAYER) * i, first + len(LAYER) * (i + 1)) for i in range(2, layers - 2)]
     last = first + len(LAYER) * layers
-    layer = np.mean(middle, axis=0)
+    layer = np.mean([deltas[m] for m in middle], axis=0)
+    layer_starts = np.mean([leads[m] for m in middle], axis=0)
     return {"layer": [[role, names[first + k], float(layer[k])] for k, role in enumerate(LAYER)],
+            "layer_starts": [[role, float(layer_starts[k])] for k, role in enumerate(LAYER)],
             "head": [[names[i], float(deltas[i])] for i in range(first)],
             "tail": [[names[i], float(deltas[i])] for i in range(last, len(names))],
             "step_us": float(np.median([s[-1]["ts"] + s[-1]["dur"] - s[0]["ts"] for s in steps]))}
@@ -47,6 +52,12 @@ def critical_path(events: list[dict]) -> dict:
 def _end_deltas(step: list[dict]) -> np.ndarray:
     ends = np.array([e["ts"] + e["dur"] for e in step])
     return np.concatenate([[step[0]["dur"]], np.diff(ends)])
+
+
+def _start_leads(step: list[dict]) -> np.ndarray:
+    """Each kernel's start minus the previous kernel's end (0 for the first)."""
+    ends = np.array([e["ts"] + e["dur"] for e in step])
+    return np.concatenate([[0.0], np.array([e["ts"] for e in step[1:]]) - ends[:-1]])
 
 
 def timeline(rt: Runtime, batch: int, prompt_len: int, decode_steps: int) -> dict:
