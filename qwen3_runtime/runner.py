@@ -117,9 +117,10 @@ class ModelRunner:
         the one sampled for that row by the step still in flight (its host value not known yet)."""
         batch = self.graphs.padded_size(len(seqs))
         self._stage(seqs, batch, prev_rows)
-        _, lp_logits = self.graphs.run(len(seqs), (_variant(seqs), self._next_buffer()))
+        buffer = self._next_buffer()
+        _, lp_logits = self.graphs.run(len(seqs), (_variant(seqs), buffer))
         self.stats.decode_steps += 1
-        return self._copy_out(seqs, batch, lp_logits)
+        return self._copy_out(seqs, batch, lp_logits, buffer)
 
     def overlappable(self, seqs: list[Sequence]) -> bool:
         """Whether a step over `seqs` may stay in flight while the next one runs (async scheduling): not
@@ -152,9 +153,8 @@ class ModelRunner:
         self._buffer ^= 1
         return self._buffer
 
-    def _copy_out(self, seqs: list[Sequence], rows: int, lp_logits: torch.Tensor) -> StepInFlight:
-        """The step's one device-to-host copy, on the copy stream after the step."""
-        buffer = self._buffer
+    def _copy_out(self, seqs: list[Sequence], rows: int, lp_logits: torch.Tensor, buffer: int) -> StepInFlight:
+        """The step's one device-to-host copy of `self.packed[buffer]`, on the copy stream after the step."""
         self._unread[buffer] = True
         source, target = self.packed[buffer, :rows], self.packed_host[buffer, :rows]
         if self._copy_stream is None:
@@ -180,9 +180,10 @@ class ModelRunner:
         rows = len(seqs)
         self._stage(seqs, rows)
         last = self.model.compute_logits(hidden[self._tensor(cu_seqlens[1:]) - 1])
-        lp_logits = self._sample_and_reduce(last, rows, _variant(seqs), self.packed[self._next_buffer()])
+        buffer = self._next_buffer()
+        lp_logits = self._sample_and_reduce(last, rows, _variant(seqs), self.packed[buffer])
         self.stats.prefill_steps += 1
-        results = self.collect(self._copy_out(seqs, rows, lp_logits))
+        results = self.collect(self._copy_out(seqs, rows, lp_logits, buffer))
         self._unpack_prompt_logprobs(packed_prompts)  # landed with the step's copy
         return results
 
