@@ -9,6 +9,7 @@ same sampling / reduction / packing for each prompt's last position.
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from typing import Optional, Union
@@ -53,13 +54,15 @@ class StepInFlight:
 
 @dataclass
 class RunnerStats:
-    """Counted at the runner's copy and sync points."""
+    """Counted at the runner's copy and sync points; and how long the graph capture took (Triton compilation
+    included where the kernel cache is cold), since every (bucket, variant, buffer) is one graph."""
 
     decode_steps: int = 0
     prefill_steps: int = 0
     d2h_copies: int = 0
     d2h_bytes: int = 0
     host_syncs: int = 0
+    capture_s: float = 0.0
 
 
 class ModelRunner:
@@ -104,8 +107,10 @@ class ModelRunner:
         self.graphs = StepGraphs(self._decode_step, engine.cuda_graph_buckets or default_buckets(max_rows),
                                  variants=[(variant, buffer) for variant in (GREEDY, RANDOM) for buffer in (0, 1)])
         if pin and engine.cuda_graphs:
+            start = time.perf_counter()
             with torch.inference_mode():
                 self.graphs.capture()
+            self.stats.capture_s = time.perf_counter() - start
 
     def decode(self, seqs: list[Sequence]) -> list[RowResult]:
         """One token (and its logprobs) for each running sequence."""

@@ -60,10 +60,13 @@ def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:
         "engine.max_model_len": 1024, "engine.max_num_seqs": max(args.batch),
         "engine.cuda_graphs": mode != "eager", "engine.async_scheduling": mode == "graph-async"})
     measure_tpot(rt, 2, 16, 4)  # warm-up: Triton compilation, allocator
+    graphs = len(rt.runner.graphs.graphs)
+    print(f"{args.config} {mode}: {graphs} CUDA graphs captured in {rt.runner.stats.capture_s:.1f} s", flush=True)
     rows = []
     for batch in args.batch:
         runs = [measure_tpot(rt, batch, args.prompt_len, args.max_tokens, seed=r) for r in range(args.repeats)]
-        rows.append({"mode": mode, **{k: statistics.median(r[k] for r in runs) for k in runs[0]}})
+        rows.append({"mode": mode, **{k: statistics.median(r[k] for r in runs) for k in runs[0]},
+                     "graphs": graphs, "capture_s": rt.runner.stats.capture_s})
         print(f"{args.config} {mode} batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms  ITL {rows[-1]['itl_ms']:.2f} "
               f"ms  TTFT {rows[-1]['ttft_ms']:.1f} ms  {rows[-1]['tokens_per_s']:.0f} tok/s", flush=True)
     nbytes = weight_bytes(rt.model)
