@@ -54,8 +54,9 @@ class StepInFlight:
 
 @dataclass
 class RunnerStats:
-    """Counted at the runner's copy and sync points; and how long the graph capture took (Triton compilation
-    included where the kernel cache is cold), since every (bucket, variant, buffer) is one graph."""
+    """Counted at the runner's copy and sync points. capture_s: the graph capture's wall time (Triton
+    compilation included where the kernel cache is cold), which grows with a graph per bucket, variant
+    and result buffer."""
 
     decode_steps: int = 0
     prefill_steps: int = 0

@@ -46,18 +46,20 @@ def critical_path(events: list[dict]) -> dict:
             "layer_starts": [[role, float(layer_starts[k])] for k, role in enumerate(LAYER)],
             "head": [[names[i], float(deltas[i])] for i in range(first)],
             "tail": [[names[i], float(deltas[i])] for i in range(last, len(names))],
-            "step_us": float(np.median([s[-1]["ts"] + s[-1]["dur"] - s[0]["ts"] for s in steps]))}
+            "step_us": float(np.median([_ends(s)[-1] - s[0]["ts"] for s in steps]))}
+
+
+def _ends(step: list[dict]) -> np.ndarray:
+    return np.array([e["ts"] + e["dur"] for e in step])
 
 
 def _end_deltas(step: list[dict]) -> np.ndarray:
-    ends = np.array([e["ts"] + e["dur"] for e in step])
-    return np.concatenate([[step[0]["dur"]], np.diff(ends)])
+    return np.concatenate([[step[0]["dur"]], np.diff(_ends(step))])
 
 
 def _start_leads(step: list[dict]) -> np.ndarray:
     """Each kernel's start minus the previous kernel's end (0 for the first)."""
-    ends = np.array([e["ts"] + e["dur"] for e in step])
-    return np.concatenate([[0.0], np.array([e["ts"] for e in step[1:]]) - ends[:-1]])
+    return np.concatenate([[0.0], np.array([e["ts"] for e in step[1:]]) - _ends(step)[:-1]])
 
 
 def timeline(rt: Runtime, batch: int, prompt_len: int, decode_steps: int) -> dict:
