@@ -24,22 +24,38 @@ def _attention_inputs_kernel(qkv_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, p
                              stride_cache_block, stride_cache_offset, stride_cache_head,
                              BLOCK_SIZE: tl.constexpr, HALF_BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
     """One program per (token, head) over q heads, then k heads, then v heads."""
-    if USE_PDL:  # the attention kernel may launch now and wait; this one waits for its predecessor
+    if USE_PDL:  # the attention kernel may launch now and wait
         gdc_launch_dependents()
-        gdc_wait()
     token = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     half = head_dim // 2
     offs = tl.arange(0, HALF_BLOCK)
     mask = offs < half
-    src = qkv_ptr + token * qkv_stride + head * head_dim
     dtype = q_ptr.dtype.element_ty
+    # The row's slot and position (staged by the host before the step), the norm weight and the rotary
+    # table (constants) are read while the projection before runs, so after the wait only qkv is a
+    # memory round trip away: the table's loads no longer wait for the position's.
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
+    position = tl.load(positions_ptr + token).to(tl.int64)
+    is_q = head < num_heads
+    is_v = head >= num_heads + num_kv_heads
+    weight_mask = offs < tl.where(is_v, 0, half)  # v heads are copied as they are
+    if is_q:
+        w1 = tl.load(q_weight_ptr + offs, mask=weight_mask, other=0.0).to(tl.float32)
+        w2 = tl.load(q_weight_ptr + half + offs, mask=weight_mask, other=0.0).to(tl.float32)
+    else:
+        w1 = tl.load(k_weight_ptr + offs, mask=weight_mask, other=0.0).to(tl.float32)
+        w2 = tl.load(k_weight_ptr + half + offs, mask=weight_mask, other=0.0).to(tl.float32)
+    cos = tl.load(cos_sin_ptr + position * head_dim + offs, mask=weight_mask, other=0.0).to(dtype).to(tl.float32)
+    sin = tl.load(cos_sin_ptr + position * head_dim + half + offs, mask=weight_mask, other=0.0).to(dtype).to(tl.float32)
+    if USE_PDL:  # this one waits for its predecessor
+        gdc_wait()
+    src = qkv_ptr + token * qkv_stride + head * head_dim
     # Not `mask & (slot >= 0)`: the interpreter turns scalar & block into int32.
     store_mask = offs < tl.where(slot >= 0, half, 0)
     slot = tl.maximum(slot, 0)  # a padded row's (masked) addresses stay inside the cache
     cache_row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
-    if head >= num_heads + num_kv_heads:
+    if is_v:
         dst = v_cache_ptr + cache_row + (head - num_heads - num_kv_heads) * stride_cache_head
         tl.store(dst + offs, tl.load(src + offs, mask=store_mask), mask=store_mask)
         tl.store(dst + half + offs, tl.load(src + half + offs, mask=store_mask), mask=store_mask)
@@ -47,18 +63,8 @@ def _attention_inputs_kernel(qkv_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, p
     x1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(src + half + offs, mask=mask, other=0.0).to(tl.float32)
     inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / head_dim + eps)
-    is_q = head < num_heads
-    if is_q:
-        w1 = tl.load(q_weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        w2 = tl.load(q_weight_ptr + half + offs, mask=mask, other=0.0).to(tl.float32)
-    else:
-        w1 = tl.load(k_weight_ptr + offs, mask=mask, other=0.0).to(tl.float32)
-        w2 = tl.load(k_weight_ptr + half + offs, mask=mask, other=0.0).to(tl.float32)
     x1 = ((x1 * inv_rms).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
     x2 = ((x2 * inv_rms).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
-    position = tl.load(positions_ptr + token).to(tl.int64)
-    cos = tl.load(cos_sin_ptr + position * head_dim + offs, mask=mask, other=0.0).to(dtype).to(tl.float32)
-    sin = tl.load(cos_sin_ptr + position * head_dim + half + offs, mask=mask, other=0.0).to(dtype).to(tl.float32)
     out1, out2 = (x1 * cos - x2 * sin).to(dtype), (x2 * cos + x1 * sin).to(dtype)
     if is_q:
         dst = q_ptr + (token * num_heads + head) * head_dim
@@ -80,6 +86,8 @@ def attention_inputs(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_wei
                      slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [T, H, D] and k [T, KVH, D], normed per head and rotated, and v [T, KVH, D] (a view of qkv),
     from qkv [T, (H + 2 KVH) D]; k and v also go into the caches at slot_mapping [T] (-1: skipped).
+    `positions` and `slot_mapping` must be staged before the kernel that writes qkv (the kernel reads
+    them before its PDL wait), as every forward stages them.
     `cos_sin` is [max_len, D]: cos over the first half of each row, sin over the second."""
     if not use_triton(qkv):
         return attention_inputs_reference(qkv, num_heads, num_kv_heads, q_weight, k_weight, eps, cos_sin,

@@ -22,6 +22,8 @@ BEFORE_WAIT = {# the row's sequence length and its first tile's block ids (8 loa
                "_skinny_gemm_kernel": ["cp.async.bulk.prefetch.L2"],
                # its weight (one load a thread in the probe's 64 columns)
                "_add_rms_norm_kernel": ["ld.global"],
+               # the row's slot and position, the head's norm weight (two halves) and its cos and sin
+               "_attention_inputs_kernel": ["ld.global"] * 6,
                # its 8 weight tiles (128 x 1024 in the probe) by TMA; the input's tiles come after the wait
                "_preload_gemm_kernel": ["cp.async.bulk.tensor.2d"] * 8}
 EXPECTED = {"_skinny_gemm_kernel", "_preload_gemm_kernel", "_chunk_max_kernel", "_row_max_kernel",
