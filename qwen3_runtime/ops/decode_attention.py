@@ -45,7 +45,7 @@ MAX_SPLITS = 32
 MERGE_TILE = 64
 # Software-pipeline depth of the split's K/V loop. Where o_proj preloads its weights during attention
 # (dependents_early) and attention's programs cover every SM, one stage (13 KB of shared memory a program,
-# against 37 KB at three) lets the preload's programs (198 KB) share SMs with them sooner. Qwen3-4B on the
+# against 37 KB at three) leaves room beside two of them for a preload program (198 KB). Qwen3-4B on the
 # H200, profile_decode wall ms per step at batch 8, three machines: 2.529-2.530 -> 2.520-2.522, 2.551-2.554 ->
 # 2.542-2.543, 2.547-2.550 -> 2.540-2.543 (batch 4 unchanged: 2.457-2.459 -> 2.458-2.460). Where attention
 # leaves SMs free (batch 1) one stage was slower: 2.318 -> 2.349.
