@@ -97,7 +97,7 @@ def prompt_logprobs(runtimes: dict[str, Runtime], length: int, repeats: int) -> 
                 times[k].append(1e3 * (time.perf_counter() - start))
         for k, ms in times.items():
             rows.append({"path": path, "prompt_logprobs": k, "prompt_len": length,
-                         "prefill_ms": statistics.median(ms[1:])})
+                         "prefill_ms": statistics.median(ms[1:]), "calls": len(ms) - 1})
             print(f"prompt logprobs={k} {path}: prefill {rows[-1]['prefill_ms']:.1f} ms", flush=True)
     return rows
 

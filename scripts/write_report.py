@@ -216,8 +216,9 @@ def logprobs(lp: dict, rerun: str = "") -> list[str]:
                         [[r["path"], r["batch"], f"{r['others_tpot_ms']:.2f}", f"{r['tokens_per_s']:.0f}"]
                          for r in lp["mixed"]["rows"]])
     if "prompt" in lp:
-        lines += ["", "Prompt logprobs on a 1024-token prompt (with and without alternate)", "",
-                  _run(lp["prompt"]["run"]), ""]
+        calls = {r["calls"] for r in lp["prompt"]["rows"] if "calls" in r}  # older runs: `repeats` calls
+        run = {**lp["prompt"]["run"], "repeats": max(calls)} if calls else lp["prompt"]["run"]
+        lines += ["", "Prompt logprobs on a 1024-token prompt (with and without alternate)", "", _run(run), ""]
         lines += _table(["path", "prompt_logprobs", "prefill ms"],
                         [[r["path"], r["prompt_logprobs"], f"{r['prefill_ms']:.1f}"] for r in lp["prompt"]["rows"]])
     if "copies" in lp:
