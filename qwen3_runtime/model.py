@@ -11,7 +11,7 @@ from torch import nn
 from qwen3_runtime.config import ArchitectureConfig
 from qwen3_runtime.ops.decode_attention import paged_decode_attention
 from qwen3_runtime.ops.attention_inputs import attention_inputs
-from qwen3_runtime.ops.linear import gated_linear, linear, linear_partials
+from qwen3_runtime.ops.linear import linear, linear_partials, mlp_partials
 from qwen3_runtime.ops.linear_preload import preload_applies, preloaded_partials
 from qwen3_runtime.ops.norms import add_rms_norm
 from qwen3_runtime.ops.prefill_attention import prefill_attention
@@ -104,7 +104,7 @@ class MLP(nn.Module):
 
     def forward(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
         """down_proj as [S, T, hidden] partial sums, like Attention's output."""
-        return linear_partials(gated_linear(x, self.gate_up_proj.weight, decode), self.down_proj.weight, decode)
+        return mlp_partials(x, self.gate_up_proj.weight, self.down_proj.weight, decode)
 
 
 class DecoderLayer(nn.Module):

@@ -35,19 +35,28 @@ MAX_STAGES = 6
 # gate/up 1); qkv alone 2 tiles 2.421 / 2.637 / 2.976, 4 tiles 2.435 / 2.651 / 2.980; gate/up 2 tiles, or
 # down_proj's slices 1-2 tiles (after gate/up, which keeps the DRAM busy), slower than the rule.
 PREFETCH_BYTES = 4 << 20
+# Up to this many rows gate/up lets down_proj launch as it starts, and down_proj's programs, resident as
+# gate/up's leave their SMs, request the first K-tile of their weight rows' slices into L2 (~2 MB for
+# Qwen3-4B) before their wait, while gate/up's last programs still stream. H200, Qwen3-4B, profile_decode
+# wall ms per step, same run, two passes: batch 1 2.345 -> 2.331, batch 8 2.548 -> 2.541. Each alone was
+# no faster (docs/benchmark-notes.md): the early launch 2.379 -> 2.375-2.378 / 2.595 -> 2.603-2.605 at
+# batch 1 / 8; down_proj's prefetch, launched after gate/up, 2.376-2.378 / 2.592-2.597 -> 2.397 /
+# 2.611-2.615.
+MLP_EARLY_ROWS = 8
 
 
 @triton.jit
 def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, stride_wn, stride_os, stride_om,
                         BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
                         EVEN: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH_TILES: tl.constexpr,
-                        USE_PDL: tl.constexpr):
+                        DEPENDENTS_EARLY: tl.constexpr, USE_PDL: tl.constexpr):
     """Program (column tile, split): out[split, :M, tile] = (W[tile, slice] @ x[:, slice]^T)^T.
 
     The weight tile is the product's left operand: 64 weight rows fill the tensor cores' 64-row
     side, and the few batch rows are the narrow side (padded to 16 or 32), not the other way round.
     GATED: W is a fused gate/up weight [2N, K] and out[:M, tile] = silu(gate) * up, the tile's rows
-    alternating a gate column and its up column, so one program holds both."""
+    alternating a gate column and its up column, so one program holds both.
+    DEPENDENTS_EARLY: let the next kernel launch as this one starts (mlp_partials), not as it ends."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
     offs_m = tl.arange(0, BLOCK_M)
@@ -63,6 +72,8 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, 
                                   [row_starts, tl.full([BLOCK_N], PREFETCH_TILES * BLOCK_K * 2, tl.int32)],  # bf16
                                   dtype=tl.int32, is_pure=False, pack=1)
     if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
+        if DEPENDENTS_EARLY:
+            gdc_launch_dependents()
         gdc_wait()
     offs_k = split * k_per_split + tl.arange(0, BLOCK_K)
     x_ptrs = x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None]  # x^T tile [BLOCK_K, BLOCK_M]
@@ -89,7 +100,7 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, 
         cols = pid_n * (BLOCK_N // 2) + tl.arange(0, BLOCK_N // 2)
     out = out_ptr + split * stride_os + offs_m[None, :] * stride_om + cols[:, None]
     tl.store(out, acc.to(dtype), mask=m_mask & (cols[:, None] < N))
-    if USE_PDL:  # last: the next kernel may launch
+    if USE_PDL and not DEPENDENTS_EARLY:  # last: the next kernel may launch
         gdc_launch_dependents()
 
 
@@ -110,7 +121,8 @@ def _prefetch_tiles(weight: torch.Tensor) -> int:
     return min(max(1, PREFETCH_BYTES // (weight.shape[0] * tile_bytes)), weight.shape[1] // BLOCK_K)
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, gated: bool = False) -> None:
+def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, gated: bool = False,
+            prefetch_tiles: int = 0, dependents_early: bool = False) -> None:
     rows = x.shape[0]
     k = weight.shape[1]
     n = out.shape[-1]  # output columns: half the weight's rows when gated
@@ -125,7 +137,7 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: in
         BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GATED=gated,
         EVEN=n % tile_cols == 0 and k % (splits * BLOCK_K) == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        PREFETCH_TILES=_prefetch_tiles(weight) if splits == 1 else 0, num_warps=4,
+        PREFETCH_TILES=prefetch_tiles, DEPENDENTS_EARLY=dependents_early, num_warps=4,
         num_stages=_num_stages(tiles * splits, x.device), **pdl_launch(x))
 
 
@@ -138,29 +150,33 @@ def linear(x: torch.Tensor, weight: torch.Tensor, decode: bool = True) -> torch.
     if not _skinny(x, decode):
         return F.linear(x, weight)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    _launch(x, weight, out, splits=1)
+    _launch(x, weight, out, splits=1, prefetch_tiles=_prefetch_tiles(weight))
     return out
 
 
-def gated_linear(x: torch.Tensor, gate_up_weight: torch.Tensor, decode: bool = True) -> torch.Tensor:
+def gated_linear(x: torch.Tensor, gate_up_weight: torch.Tensor, decode: bool = True,
+                 dependents_early: bool = False) -> torch.Tensor:
     """silu(x @ W_gate^T) * (x @ W_up^T) for the fused weight [2I, K] (gate rows, then up rows) -> [T, I].
-    In the skinny kernel's epilogue, so decode launches no separate silu_mul."""
+    In the skinny kernel's epilogue, so decode launches no separate silu_mul. dependents_early: see
+    mlp_partials."""
     if not _skinny(x, decode):
         return silu_mul(F.linear(x, gate_up_weight))
     out = torch.empty(x.shape[0], gate_up_weight.shape[0] // 2, dtype=x.dtype, device=x.device)
-    _launch(x, gate_up_weight, out, splits=1, gated=True)
+    _launch(x, gate_up_weight, out, splits=1, gated=True, prefetch_tiles=_prefetch_tiles(gate_up_weight),
+            dependents_early=dependents_early)
     return out
 
 
-def linear_partials(x: torch.Tensor, weight: torch.Tensor, decode: bool = True,
-                    splits: int | None = None) -> torch.Tensor:
+def linear_partials(x: torch.Tensor, weight: torch.Tensor, decode: bool = True, splits: int | None = None,
+                    launched_early: bool = False) -> torch.Tensor:
     """x @ weight^T as [S, T, N] fp32 partial sums over S slices of K ([1, T, N] in x's dtype from
     cuBLAS), for `add_rms_norm` to add up. By default the N / BLOCK_N column tiles x S programs are
     one per SM at most, with slices of at least 4 K-tiles (whole tiles, the last slice shorter where K
     does not divide): Qwen3-4B's o_proj and down_proj (40 tiles) take 3 slices, 120 programs of 6
     stages. Against 4 equal slices (160 programs of 4 stages, which leave 28 SMs two programs), H200:
     down_proj 14.29 -> 13.98 us at 1 row, 15.58 -> 15.18 at 32, o_proj 7.48 -> 7.30 at 32 (at up to
-    8 rows o_proj preloads, ops/linear_preload.py)."""
+    8 rows o_proj preloads, ops/linear_preload.py). launched_early: the kernel before lets this one launch
+    as it starts, so each program requests its slice's first weight tile of each row before its wait."""
     if not _skinny(x, decode):
         return F.linear(x, weight)[None]
     n, k = weight.shape
@@ -168,5 +184,15 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, decode: bool = True,
         splits = max(1, min(num_sms(x.device) // triton.cdiv(n, BLOCK_N), k // (4 * BLOCK_K)))
     splits = triton.cdiv(k, triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K)  # no empty slice
     out = torch.empty(splits, x.shape[0], n, dtype=torch.float32, device=x.device)
-    _launch(x, weight, out, splits)
+    tiles = _prefetch_tiles(weight)
+    _launch(x, weight, out, splits, prefetch_tiles=tiles if splits == 1 else min(tiles, int(launched_early)))
     return out
+
+
+def mlp_partials(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor,
+                 decode: bool = True) -> torch.Tensor:
+    """down_proj(silu(gate) * up) as [S, T, hidden] partial sums, like `linear_partials`; up to
+    MLP_EARLY_ROWS rows down_proj launches as gate/up starts and requests its first weight tiles early."""
+    early = _skinny(x, decode) and x.shape[0] <= MLP_EARLY_ROWS
+    return linear_partials(gated_linear(x, gate_up_weight, decode, dependents_early=early), down_weight, decode,
+                           launched_early=early)

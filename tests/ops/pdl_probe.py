@@ -51,6 +51,7 @@ def run_ops() -> None:
     linear.linear(x, torch.randn(128, 256, **bf16))
     linear.gated_linear(x, torch.randn(256, 256, **bf16))
     linear.linear_partials(torch.randn(2, 1024, **bf16), torch.randn(128, 1024, **bf16))
+    linear.mlp_partials(x, torch.randn(256, 256, **bf16), torch.randn(256, 128, **bf16))  # gate/up triggers first
     linear_preload.preloaded_partials(torch.randn(2, 1024, **bf16), torch.randn(128, 1024, **bf16))
     norms.add_rms_norm(torch.randn(2, 3, 64), torch.ones(64, **bf16), 1e-6, torch.randn(3, 64, **bf16))
     norms.silu_mul(torch.randn(3, 128, **bf16))

@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from qwen3_runtime.ops import linear as linear_module
-from qwen3_runtime.ops.linear import gated_linear, linear, linear_partials
+from qwen3_runtime.ops.linear import gated_linear, linear, linear_partials, mlp_partials
 from qwen3_runtime.ops.norms import silu_mul, silu_mul_reference
 
 
@@ -43,6 +43,29 @@ def test_gated_linear_is_silu_of_gate_times_up(rows, n, k):
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
     torch.testing.assert_close(gated_linear(x, weight, decode=False).double(), ref, rtol=1e-5,
                                atol=1e-6 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("rows", [1, 9])  # down_proj launched early, and not
+def test_mlp_partials_add_up_to_down_of_the_gated_product(rows):
+    gen = torch.Generator().manual_seed(rows)
+    x, gate_up, down = (torch.randn(shape, generator=gen) for shape in ((rows, 128), (128, 128), (80, 64)))
+    ref = silu_mul_reference(x.double() @ gate_up.double().t()) @ down.double().t()
+    torch.testing.assert_close(mlp_partials(x, gate_up, down).sum(0).double(), ref, rtol=1e-5,
+                               atol=1e-6 * ref.abs().max().item())
+
+
+def test_down_proj_launches_early_and_prefetches_up_to_mlp_early_rows(monkeypatch):
+    launches = []
+    monkeypatch.setattr(linear_module, "_launch", lambda *args, **kwargs: launches.append(kwargs))
+    monkeypatch.setattr(linear_module, "_prefetch_tiles", lambda weight: 2)
+    monkeypatch.setattr(linear_module, "num_sms", lambda device: 132)  # so down_proj splits K
+    for rows in (linear_module.MLP_EARLY_ROWS, linear_module.MLP_EARLY_ROWS + 1):
+        parts = mlp_partials(torch.randn(rows, 256), torch.randn(2048, 256), torch.randn(64, 1024))
+        assert parts.shape[0] > 1
+    gate_up, down, gate_up_later, down_later = launches
+    assert gate_up["dependents_early"] and down["prefetch_tiles"] == 1
+    assert not gate_up_later["dependents_early"] and down_later["prefetch_tiles"] == 0
+    assert gate_up["prefetch_tiles"] == gate_up_later["prefetch_tiles"] == 2  # after its norm, as before
 
 
 @pytest.mark.parametrize("shape, tiles", [((6144, 2560), 2), ((19456, 2560), 1), ((64, 256), 2), ((64, 100), 0)])
