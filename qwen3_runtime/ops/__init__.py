@@ -35,9 +35,10 @@ def pdl_launch(t: torch.Tensor) -> dict:
     projection's programs are resident and start the moment it finishes (batch 1: 2.68 against 2.64 ms,
     measured with the attention merge kernel then doing the same), the attention inputs, so the
     attention kernel reads its rows' lengths while they run (engine wall time per step at batch 1 / 8
-    / 32: 2.53 / 2.72 / 3.07 against 2.51 / 2.72 / 3.04 ms), and the attention kernel, which triggers
+    / 32: 2.53 / 2.72 / 3.07 against 2.51 / 2.72 / 3.04 ms), the attention kernel, which triggers
     after its tiles, before its last split merges, or at its start when o_proj preloads its weights
-    (ops/linear_preload.py)."""
+    (ops/linear_preload.py), and gate/up at up to 8 rows, so that down_proj requests its first weight
+    tiles early (ops.linear.mlp_partials)."""
     on = not TRITON_INTERPRET and _hopper_or_later(t.device)
     return {"USE_PDL": on, **({"launch_pdl": True} if on else {})}
 

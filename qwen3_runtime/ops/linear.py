@@ -38,7 +38,8 @@ PREFETCH_BYTES = 4 << 20
 # Up to this many rows gate/up lets down_proj launch as it starts, and down_proj's programs, resident as
 # gate/up's leave their SMs, request the first K-tile of their weight rows' slices into L2 (~2 MB for
 # Qwen3-4B) before their wait, while gate/up's last programs still stream. H200, Qwen3-4B, profile_decode
-# wall ms per step, same run, two passes: batch 1 2.345 -> 2.331, batch 8 2.548 -> 2.541. Each alone was
+# wall ms per step against the code before, same run, two machines: batch 1 2.345 -> 2.331 and 2.325 ->
+# 2.309, batch 8 2.548 -> 2.541 and 2.517 -> 2.516 (batch 32, not covered, 2.919 -> 2.920). Each alone was
 # no faster (docs/benchmark-notes.md): the early launch 2.379 -> 2.375-2.378 / 2.595 -> 2.603-2.605 at
 # batch 1 / 8; down_proj's prefetch, launched after gate/up, 2.376-2.378 / 2.592-2.597 -> 2.397 /
 # 2.611-2.615.
