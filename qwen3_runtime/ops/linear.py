@@ -186,7 +186,9 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, decode: bool = True, 
     splits = triton.cdiv(k, triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K)  # no empty slice
     out = torch.empty(splits, x.shape[0], n, dtype=torch.float32, device=x.device)
     tiles = _prefetch_tiles(weight)
-    _launch(x, weight, out, splits, prefetch_tiles=tiles if splits == 1 else min(tiles, int(launched_early)))
+    if splits > 1:  # a slice's first tile, inside the row: every slice starts on a tile of a whole-tile K
+        tiles = min(tiles, 1) if launched_early and k % BLOCK_K == 0 else 0
+    _launch(x, weight, out, splits, prefetch_tiles=tiles)
     return out
 
 

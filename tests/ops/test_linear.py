@@ -62,10 +62,12 @@ def test_down_proj_launches_early_and_prefetches_up_to_mlp_early_rows(monkeypatc
     for rows in (linear_module.MLP_EARLY_ROWS, linear_module.MLP_EARLY_ROWS + 1):
         parts = mlp_partials(torch.randn(rows, 256), torch.randn(2048, 256), torch.randn(64, 1024))
         assert parts.shape[0] > 1
-    gate_up, down, gate_up_later, down_later = launches
+    mlp_partials(torch.randn(1, 256), torch.randn(2200, 256), torch.randn(64, 1100))  # K not whole tiles
+    gate_up, down, gate_up_later, down_later, _, down_ragged = launches
     assert gate_up["dependents_early"] and down["prefetch_tiles"] == 1
     assert not gate_up_later["dependents_early"] and down_later["prefetch_tiles"] == 0
     assert gate_up["prefetch_tiles"] == gate_up_later["prefetch_tiles"] == 2  # after its norm, as before
+    assert down_ragged["prefetch_tiles"] == 0  # its last slice's first tile would cross the row's end
 
 
 @pytest.mark.parametrize("shape, tiles", [((6144, 2560), 2), ((19456, 2560), 1), ((64, 256), 2), ((64, 100), 0)])
