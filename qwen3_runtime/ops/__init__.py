@@ -37,8 +37,9 @@ def pdl_launch(t: torch.Tensor) -> dict:
     attention kernel reads its rows' lengths while they run (engine wall time per step at batch 1 / 8
     / 32: 2.53 / 2.72 / 3.07 against 2.51 / 2.72 / 3.04 ms), the attention kernel, which triggers
     after its tiles, before its last split merges, or at its start when o_proj preloads its weights
-    (ops/linear_preload.py), and gate/up at up to 8 rows, so that down_proj requests its first weight
-    tiles early (ops.linear.mlp_partials)."""
+    (ops/linear_preload.py), gate/up at up to 8 rows, so that down_proj requests its first weight
+    tiles early (ops.linear.mlp_partials), and qkv, so that the attention inputs and the kernels they
+    let launch are resident while it streams (model.py)."""
     on = not TRITON_INTERPRET and _hopper_or_later(t.device)
     return {"USE_PDL": on, **({"launch_pdl": True} if on else {})}
 

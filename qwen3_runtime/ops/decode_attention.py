@@ -44,11 +44,12 @@ MAX_SPLITS = 32
 # Partials the last split loads at once, (head, split) pairs: bounds its registers.
 MERGE_TILE = 64
 # Software-pipeline depth of the split's K/V loop. Where o_proj preloads its weights during attention
-# (dependents_early) and attention's programs cover every SM, one stage (13 KB of shared memory a program,
-# against 37 KB at three) leaves room beside two of them for a preload program (198 KB). Qwen3-4B on the
-# H200, profile_decode wall ms per step at batch 8, three machines: 2.529-2.530 -> 2.520-2.522, 2.551-2.554 ->
-# 2.542-2.543, 2.547-2.550 -> 2.540-2.543 (batch 4 unchanged: 2.457-2.459 -> 2.458-2.460). Where attention
-# leaves SMs free (batch 1) one stage was slower: 2.318 -> 2.349.
+# (dependents_early) and attention has more than two programs an SM, one stage (13 KB of shared memory a
+# program, against 37 KB at three) leaves room beside two of them for a preload program (198 KB). Qwen3-4B
+# on the H200, profile_decode wall ms per step at batch 8 (512 programs), three machines: 2.529-2.530 ->
+# 2.520-2.522, 2.551-2.554 -> 2.542-2.543, 2.547-2.550 -> 2.540-2.543; with qkv triggering early (model.py)
+# 2.514-2.517 -> 2.508-2.510. Batch 4 (256 programs), with qkv triggering early: 2.416-2.418 at three stages,
+# 2.450-2.451 at one; batch 1 (64): 2.318 at three, 2.349 at one (before qkv triggered early).
 STAGES, STAGES_BESIDE_PRELOAD = 3, 1
 
 
@@ -297,7 +298,7 @@ def paged_decode_attention(
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
         DEPENDENTS_EARLY=dependents_early,
         num_warps=4,
-        num_stages=STAGES_BESIDE_PRELOAD if dependents_early and grid_size > num_sms(q.device) else STAGES,
+        num_stages=STAGES_BESIDE_PRELOAD if dependents_early and grid_size > 2 * num_sms(q.device) else STAGES,
         **pdl_launch(q),
     )
     return out

@@ -146,12 +146,13 @@ def _skinny(x: torch.Tensor, decode: bool) -> bool:
     return decode and use_triton(x) and 0 < x.shape[0] <= SKINNY_MAX_ROWS
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, decode: bool = True) -> torch.Tensor:
-    """x [T, K] @ weight[N, K]^T -> [T, N] in x's dtype."""
+def linear(x: torch.Tensor, weight: torch.Tensor, decode: bool = True, dependents_early: bool = False) -> torch.Tensor:
+    """x [T, K] @ weight[N, K]^T -> [T, N] in x's dtype. dependents_early: let the next kernel launch as this
+    one starts, not as it ends (qkv, before the attention inputs' one-warp programs: see model.py)."""
     if not _skinny(x, decode):
         return F.linear(x, weight)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    _launch(x, weight, out, splits=1, prefetch_tiles=_prefetch_tiles(weight))
+    _launch(x, weight, out, splits=1, prefetch_tiles=_prefetch_tiles(weight), dependents_early=dependents_early)
     return out
 
 

@@ -48,7 +48,7 @@ def run_ops() -> None:
             setattr(module, name, Recorder(getattr(module, name)))
     bf16 = dict(dtype=torch.bfloat16)
     x = torch.randn(2, 256, **bf16)
-    linear.linear(x, torch.randn(128, 256, **bf16))
+    linear.linear(x, torch.randn(128, 256, **bf16), dependents_early=True)  # qkv triggers first
     linear.gated_linear(x, torch.randn(256, 256, **bf16))
     linear.linear_partials(torch.randn(2, 1024, **bf16), torch.randn(128, 1024, **bf16))
     linear.mlp_partials(x, torch.randn(256, 256, **bf16), torch.randn(256, 128, **bf16))  # gate/up triggers first

@@ -70,6 +70,15 @@ def test_down_proj_launches_early_and_prefetches_up_to_mlp_early_rows(monkeypatc
     assert down_ragged["prefetch_tiles"] == 0  # its last slice's first tile would cross the row's end
 
 
+def test_linear_lets_its_dependents_launch_early_only_when_asked(monkeypatch):
+    launches = []
+    monkeypatch.setattr(linear_module, "_launch", lambda *args, **kwargs: launches.append(kwargs))
+    x, weight = torch.randn(2, 256), torch.randn(64, 256)
+    linear(x, weight, dependents_early=True)  # qkv
+    linear(x, weight)
+    assert [launch["dependents_early"] for launch in launches] == [True, False]
+
+
 @pytest.mark.parametrize("shape, tiles", [((6144, 2560), 2), ((19456, 2560), 1), ((64, 256), 2), ((64, 100), 0)])
 def test_prefetch_is_about_prefetch_bytes_in_whole_tiles_inside_the_row(monkeypatch, shape, tiles):
     """Qwen3-4B's qkv and gate/up, a small weight (capped by its 2 tiles) and one shorter than a tile."""
