@@ -39,6 +39,7 @@ def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int, logpro
     start = time.perf_counter()
     for _ in range(replays):
         rt.step()
+    torch.cuda.synchronize()  # with async scheduling the last step is still in flight: count it whole
     wall_ms = 1e3 * (time.perf_counter() - start) / replays
 
     graphs = rt.runner.graphs
