@@ -1,5 +1,5 @@
 """Where a decode step's time goes: kernels of one captured step (torch.profiler over graph replays),
-the replay time, and the engine's wall time per step (the difference is host work).
+the replay time, and the engine's wall time per step (with async scheduling the host's work overlaps the GPU's).
 
 Usage: python -m scripts.profile_decode --config qwen3-4b --batch 1 32 --out DIR
 """
