@@ -29,9 +29,9 @@ def pdl_launch(t: torch.Tensor) -> dict:
     gdc_launch_dependents(). Every kernel given these options (USE_PDL) calls gdc_wait(), which returns
     when its predecessor has finished and its writes are visible, before it touches global memory other
     than inputs the host staged before the step, weights, and cached K/V of tokens before the newest
-    (ops/decode_attention.py; tests/ops/test_pdl_launch.py checks the PTX). Most trigger last: triggered first, the next kernels' waiting programs took SM slots early and
-    a decode step got slower (H200, Qwen3-4B, batch 1: 3.44 against 3.02 ms; triggered last: 2.89). The
-    exceptions are the norm, a one-wave kernel right before a projection, which triggers first, so the
+    (ops/decode_attention.py; tests/ops/test_pdl_launch.py checks the PTX). Most trigger last: triggered
+    first, the next kernels' waiting programs took SM slots early and a decode step got slower (H200,
+    Qwen3-4B, batch 1: 3.44 against 3.02 ms; triggered last: 2.89). The exceptions are the norm, a one-wave kernel right before a projection, which triggers first, so the
     projection's programs are resident and start the moment it finishes (batch 1: 2.68 against 2.64 ms,
     measured with the attention merge kernel then doing the same), the attention inputs, so the
     attention kernel reads its rows' lengths while they run (engine wall time per step at batch 1 / 8

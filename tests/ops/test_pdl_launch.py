@@ -3,8 +3,8 @@ the previous kernel before touching global memory. A kernel may start while its 
 (earlier still when the predecessor lets its dependents launch early), so a load before the wait can
 read a value not yet written: a race that no CPU test sees and a GPU test sees only sometimes. The
 exceptions are an input the host staged before the step, weights (no kernel writes them) and cached K/V
-an earlier step wrote, listed below. Checked here in the PTX each kernel compiles to for sm_90, with no GPU (the compiler, not the
-device)."""
+an earlier step wrote, listed below. Checked here in the PTX each kernel compiles to for sm_90, with no
+GPU (the compiler, not the device)."""
 import json
 import os
 import subprocess
