@@ -159,8 +159,7 @@ def _decode_attention_kernel(
     running_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
     if KV_EARLY:
-        newest = tl.where(first == seq_len - 1, first, end)  # past `end`: masked
-        k_new, v_new = _load_tile(k_cache_ptr, v_cache_ptr, first_ids, newest, newest < end, kv_head, offs_d,
+        k_new, v_new = _load_tile(k_cache_ptr, v_cache_ptr, first_ids, first, first == seq_len - 1, kv_head, offs_d,
                                   d_mask, stride_k_block, stride_k_offset, stride_k_head, stride_v_block,
                                   stride_v_offset, stride_v_head, PAGE_SIZE)
         # Each is zero where the other holds the token.
