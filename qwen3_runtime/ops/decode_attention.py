@@ -51,13 +51,6 @@ MERGE_TILE = 64
 # 2.514-2.517 -> 2.508-2.510. Batch 4 (256 programs), with qkv triggering early: 2.416-2.418 at three stages,
 # 2.450-2.451 at one; batch 1 (64): 2.318 at three, 2.349 at one (before qkv triggered early).
 STAGES, STAGES_BESIDE_PRELOAD = 3, 1
-# Where the grid has at most one program an SM, each split reads its first tile's K and V (all but the newest
-# token, which the attention inputs write) before its PDL wait, while qkv streams: a few hundred KB, taken off
-# attention's critical path. Qwen3-4B on the H200, profile_decode wall ms per step: batch 1 (64 programs)
-# 2.311 -> 2.293, 2.337 -> 2.318 and 2.333 -> 2.325 on three machines, batch 2 (128) 2.393-2.396 -> 2.381-2.382.
-# Larger grids read megabytes there, which delay qkv's stream by about their DRAM time: with every grid reading
-# early, batch 8 2.514 -> 2.536, batch 32 2.892 -> 2.930 (requested into L2 instead, alike).
-KV_EARLY_PROGRAMS_PER_SM = 1
 
 
 class DecodeWorkspace(NamedTuple):
@@ -96,13 +89,11 @@ def _decode_attention_kernel(
     stride_arrivals_b,
     BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
     MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, DEPENDENTS_EARLY: tl.constexpr, KV_EARLY: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, DEPENDENTS_EARLY: tl.constexpr,
 ):
     """MERGE_G x MERGE_S: the (head, split) partials the last split merges per load (few registers where
     the splits are few, so a single-split launch pays nearly nothing for the merge it never runs).
-    DEPENDENTS_EARLY: let the next kernels launch as this one starts (see paged_decode_attention).
-    KV_EARLY: read the first tile's K and V before the wait, all but the row's newest token (see
-    KV_EARLY_PROGRAMS_PER_SM)."""
+    DEPENDENTS_EARLY: let the next kernels launch as this one starts (see paged_decode_attention)."""
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -122,24 +113,16 @@ def _decode_attention_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     block_table = block_tables_ptr + row * stride_bt_b
     block_ids = tl.load(block_table + (start + offs_n) // PAGE_SIZE, mask=start + offs_n < end, other=0).to(tl.int64)
-    offs_d = tl.arange(0, BLOCK_D)
-    d_mask = offs_d < head_dim
-    if KV_EARLY:  # earlier steps wrote all of the tile but the newest token, which the attention inputs write
-        first = start + offs_n
-        k, v = _load_tile(k_cache_ptr, v_cache_ptr, block_ids, first, first < tl.minimum(end, seq_len - 1), kv_head,
-                          offs_d, d_mask, stride_k_block, stride_k_offset, stride_k_head, stride_v_block,
-                          stride_v_offset, stride_v_head, PAGE_SIZE)
-        first_ids = block_ids
-        block_ids = tl.load(block_table + (first + BLOCK_N) // PAGE_SIZE, mask=first + BLOCK_N < end,
-                            other=0).to(tl.int64)
     if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
         if DEPENDENTS_EARLY:
             gdc_launch_dependents()
         gdc_wait()
 
     offs_g = tl.arange(0, BLOCK_G)
+    offs_d = tl.arange(0, BLOCK_D)
     heads = kv_head * group_size + offs_g
     g_mask = offs_g < group_size
+    d_mask = offs_d < head_dim
     gd_mask = g_mask[:, None] & d_mask[None, :]
     out = out_ptr + row * stride_out_b + heads[:, None] * stride_out_h + offs_d[None, :]
     out_dtype = out_ptr.dtype.element_ty
@@ -158,23 +141,27 @@ def _decode_attention_kernel(
     running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_G], tl.float32)
     acc = tl.zeros([BLOCK_G, BLOCK_D], tl.float32)
-    if KV_EARLY:
-        k_new, v_new = _load_tile(k_cache_ptr, v_cache_ptr, first_ids, first, first == seq_len - 1, kv_head, offs_d,
-                                  d_mask, stride_k_block, stride_k_offset, stride_k_head, stride_v_block,
-                                  stride_v_offset, stride_v_head, PAGE_SIZE)
-        # Each is zero where the other holds the token.
-        running_max, running_sum, acc = _attend_tile(q, k + k_new, v + v_new, first < end, running_max, running_sum,
-                                                     acc, qk_scale_log2, DOT_PRECISION)
-    for tile_start in range(start + KV_EARLY * BLOCK_N, end, BLOCK_N):
+    for tile_start in range(start, end, BLOCK_N):
         positions = tile_start + offs_n
         n_mask = positions < end
-        k, v = _load_tile(k_cache_ptr, v_cache_ptr, block_ids, positions, n_mask, kv_head, offs_d, d_mask,
-                          stride_k_block, stride_k_offset, stride_k_head, stride_v_block, stride_v_offset,
-                          stride_v_head, PAGE_SIZE)
+        block_offsets = positions % PAGE_SIZE
+        kv_mask = n_mask[:, None] & d_mask[None, :]
+        k_rows = block_ids * stride_k_block + block_offsets * stride_k_offset + kv_head * stride_k_head
+        v_rows = block_ids * stride_v_block + block_offsets * stride_v_offset + kv_head * stride_v_head
+        k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=kv_mask, other=0.0)
         following = positions + BLOCK_N
         block_ids = tl.load(block_table + following // PAGE_SIZE, mask=following < end, other=0).to(tl.int64)
-        running_max, running_sum, acc = _attend_tile(q, k, v, n_mask, running_max, running_sum, acc, qk_scale_log2,
-                                                     DOT_PRECISION)
+
+        scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+        scores = tl.where(n_mask[None, :], scores, float("-inf"))
+        # Every tile holds at least one valid token, so new_max is finite.
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        alpha = tl.exp2(running_max - new_max)
+        p = tl.exp2(scores - new_max[:, None])
+        running_sum = running_sum * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(cache_dtype), v, input_precision=DOT_PRECISION)
+        running_max = new_max
 
     if USE_PDL and not DEPENDENTS_EARLY:  # the next kernel may launch while the last split merges
         gdc_launch_dependents()
@@ -194,34 +181,6 @@ def _decode_attention_kernel(
             _merge_splits(partial_out_ptr + row * stride_po_b, partial_lse_ptr + row * stride_pl_b,
                           out_ptr + row * stride_out_b, kv_head * group_size, group_size, used_splits, head_dim,
                           stride_po_h, stride_po_s, stride_pl_h, stride_out_h, MERGE_G, MERGE_S, BLOCK_D)
-
-
-@triton.jit
-def _load_tile(k_cache_ptr, v_cache_ptr, block_ids, positions, valid, kv_head, offs_d, d_mask,
-               stride_k_block, stride_k_offset, stride_k_head, stride_v_block, stride_v_offset, stride_v_head,
-               PAGE_SIZE: tl.constexpr):
-    """K and V of a tile's tokens, gathered through their block ids; zeros where not `valid`."""
-    slots = positions % PAGE_SIZE
-    mask = valid[:, None] & d_mask[None, :]
-    k_rows = block_ids * stride_k_block + slots * stride_k_offset + kv_head * stride_k_head
-    v_rows = block_ids * stride_v_block + slots * stride_v_offset + kv_head * stride_v_head
-    k = tl.load(k_cache_ptr + k_rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
-    v = tl.load(v_cache_ptr + v_rows[:, None] + offs_d[None, :], mask=mask, other=0.0)
-    return k, v
-
-
-@triton.jit
-def _attend_tile(q, k, v, n_mask, running_max, running_sum, acc, qk_scale_log2, DOT_PRECISION: tl.constexpr):
-    """One tile of the online softmax: the running max, sum and (unnormalised) output after it."""
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
-    scores = tl.where(n_mask[None, :], scores, float("-inf"))
-    # Every tile holds at least one valid token, so new_max is finite.
-    new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-    alpha = tl.exp2(running_max - new_max)
-    p = tl.exp2(scores - new_max[:, None])
-    running_sum = running_sum * alpha + tl.sum(p, axis=1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(k.dtype), v, input_precision=DOT_PRECISION)
-    return new_max, running_sum, acc
 
 
 @triton.jit
@@ -338,7 +297,6 @@ def paged_decode_attention(
         # fp32 caches (tests) need exact products; tf32 would miss 1e-5.
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
         DEPENDENTS_EARLY=dependents_early,
-        KV_EARLY=grid_size <= KV_EARLY_PROGRAMS_PER_SM * num_sms(q.device),
         num_warps=4,
         num_stages=STAGES_BESIDE_PRELOAD if dependents_early and grid_size > 2 * num_sms(q.device) else STAGES,
         **pdl_launch(q),

@@ -61,11 +61,9 @@ def run_ops() -> None:
     attention_inputs.attention_inputs(torch.randn(2, (heads + 2 * kv_heads) * dim, **bf16), heads, kv_heads,
                                       torch.ones(dim, **bf16), torch.ones(dim, **bf16), 1e-6, torch.randn(64, dim),
                                       torch.arange(2), *caches, torch.arange(2))
-    for sms in (1, 132):  # more programs than SMs, then as few as at batch 1 on an H200 (K and V read early)
-        decode_attention.num_sms = lambda device: sms
-        decode_attention.paged_decode_attention(torch.randn(2, heads, dim, **bf16), *caches,
-                                                torch.arange(4, dtype=torch.int32).view(2, 2),
-                                                torch.tensor([20, 30], dtype=torch.int32), dim ** -0.5, num_splits=2)
+    decode_attention.paged_decode_attention(torch.randn(2, heads, dim, **bf16), *caches,
+                                            torch.arange(4, dtype=torch.int32).view(2, 2),
+                                            torch.tensor([20, 30], dtype=torch.int32), dim ** -0.5, num_splits=2)
     logprob_reduce.reduce_logprobs(torch.randn(2, 5000), torch.tensor([1, 2]), torch.tensor([3, 0], dtype=torch.int32),
                                    4, row_mask=torch.tensor([True, False]))
 
@@ -103,7 +101,7 @@ def main() -> None:
     for kernel, args, kwargs in launches:
         ptx = compile_for_hopper(kernel, args, kwargs)
         wait = ptx.find("griddepcontrol.wait")
-        report.append({"kernel": kernel.__name__ + ("[KV_EARLY]" if kwargs.get("KV_EARLY") else ""), "wait": wait,
+        report.append({"kernel": kernel.__name__, "wait": wait,
                        "before_wait": [a.group(0) for a in GLOBAL_ACCESS.finditer(ptx[:max(wait, 0)])]})
     print(json.dumps(report))
 

@@ -92,10 +92,7 @@ KERNEL_CASES = [
 
 
 @pytest.mark.parametrize("block_size, num_kv_heads, group_size, num_splits", KERNEL_CASES)
-@pytest.mark.parametrize("kv_early", [False, True])
-def test_kernel_matches_reference(monkeypatch, block_size, num_kv_heads, group_size, num_splits, kv_early):
-    """kv_early: each split reads its first tile before the wait and the row's newest token after it."""
-    monkeypatch.setattr(decode_attention, "KV_EARLY_PROGRAMS_PER_SM", 10**6 if kv_early else 0)
+def test_kernel_matches_reference(block_size, num_kv_heads, group_size, num_splits):
     _check_kernel(block_size, num_kv_heads, group_size, num_splits)
 
 

@@ -2,9 +2,9 @@
 the previous kernel before touching global memory. A kernel may start while its predecessor still runs
 (earlier still when the predecessor lets its dependents launch early), so a load before the wait can
 read a value not yet written: a race that no CPU test sees and a GPU test sees only sometimes. The
-exceptions are an input the host staged before the step, weights (no kernel writes them) and cached K/V
-an earlier step wrote, listed below. Checked here in the PTX each kernel compiles to for sm_90, with no
-GPU (the compiler, not the device)."""
+exceptions are an input the host staged before the step and weights (no kernel writes them), listed
+below. Checked here in the PTX each kernel compiles to for sm_90, with no GPU (the compiler, not the
+device)."""
 import json
 import os
 import subprocess
@@ -15,12 +15,9 @@ import pytest
 
 PROBE = Path(__file__).with_name("pdl_probe.py")
 # The only reads allowed before the wait: inputs the host staged before the step and weights, which no
-# kernel of the step writes, and cached K/V of tokens before the newest, which earlier steps wrote.
+# kernel writes.
 BEFORE_WAIT = {# the row's sequence length and its first tile's block ids (8 loads a thread, the probe's 32-token tile)
                "_decode_attention_kernel": ["ld.global"] * 9,
-               # where its programs are few (decode_attention.KV_EARLY_PROGRAMS_PER_SM) also its first tile's
-               # K and V, all but the newest token (8 loads a thread each), and the next tile's block ids
-               "_decode_attention_kernel[KV_EARLY]": ["ld.global"] * 33,
                # its weight rows' first K-tiles requested into L2 (one bulk prefetch a thread)
                "_skinny_gemm_kernel": ["cp.async.bulk.prefetch.L2"],
                # its weight (one load a thread in the probe's 64 columns)
@@ -31,7 +28,6 @@ BEFORE_WAIT = {# the row's sequence length and its first tile's block ids (8 loa
                "_preload_gemm_kernel": ["cp.async.bulk.tensor.2d"] * 8}
 EXPECTED = {"_skinny_gemm_kernel", "_preload_gemm_kernel", "_chunk_max_kernel", "_row_max_kernel",
             "_add_rms_norm_kernel", "_silu_mul_kernel", "_attention_inputs_kernel", "_decode_attention_kernel",
-            "_decode_attention_kernel[KV_EARLY]",
             "chunk_stats_kernel", "finish_rows_kernel"}
 
 
