@@ -156,12 +156,14 @@ def decode(d: dict, other_run: str = "") -> list[str]:
         lines += ["In this run transformers' TPOT is its median gap between tokens and ours a request's (last token − "
                   "first token) / (tokens − 1); later runs (with an ITL column) time both engines alike.", ""]
     modes = [(key, f"ours ({mode}) is faster by") for mode, key, _ in SPEEDUPS if any(key in r for r in d["rows"])]
-    rows = [[r["mode"], r["batch"], f"{r['tpot_ms']:.2f}", f"{r['itl_ms']:.2f}" if "itl_ms" in r else "–",
-             f"{r['vs_floor']:.2f}",
+    spread = any("tpot_ms_runs" in r for r in d["rows"])
+    rows = [[r["mode"], r["batch"], f"{r['tpot_ms']:.2f}",
+             *([" / ".join(f"{t:.2f}" for t in r.get("tpot_ms_runs", []))] if spread else []),
+             f"{r['itl_ms']:.2f}" if "itl_ms" in r else "–", f"{r['vs_floor']:.2f}",
              f"{r['ttft_ms']:.1f}" if "ttft_ms" in r else "–", f"{r['tokens_per_s']:.0f}" if "tokens_per_s" in r else "–",
              *(f"{r[key]:.2f}×" if key in r else "–" for key, _ in modes)] for r in d["rows"]]
-    return lines + _table(["mode", "batch", "TPOT ms", "ITL ms", "× floor", "TTFT ms", "output tokens/s",
-                           *(header for _, header in modes)], rows)
+    return lines + _table(["mode", "batch", "TPOT ms", *(["TPOT ms, each run"] if spread else []), "ITL ms", "× floor",
+                           "TTFT ms", "output tokens/s", *(header for _, header in modes)], rows)
 
 
 def profile(p: dict) -> list[str]:
