@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU tests and benchmarks, run on the H200 through the device tool; results land under $OUT.
-#   [QUICK=1] bash scripts/gpu_check.sh [tests] [parity] [profile] [timeline] [decode] [kernels] [reduce] [lm_head]
-#                                      [logprobs]
+#   [QUICK=1] bash scripts/gpu_check.sh [tests] [repeat] [parity] [profile] [timeline] [decode] [kernels]
+#                                      [reduce] [lm_head] [logprobs]
 #   (default: all; QUICK=1: decode and logprobs with fewer tokens and repetitions, a few minutes)
 # Pass GIT_COMMIT=<sha> (the device machine has no .git) so results name their commit.
 set -uo pipefail
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-if [ -n "${QUICK:-}" ]; then default="decode logprobs"; else default="tests parity profile timeline decode kernels reduce lm_head logprobs"; fi
+if [ -n "${QUICK:-}" ]; then default="decode logprobs"; else default="tests repeat parity profile timeline decode kernels reduce lm_head logprobs"; fi
 steps=${*:-$default}
 status=0
 run() { echo "== $*"; "$@" || { status=1; echo "!! failed: $*"; }; }
@@ -18,6 +18,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
 for step in $steps; do
   case $step in
     tests)  run python3 -m pytest -m gpu -p no:cacheprovider -rs ;;
+    repeat) run python3 -m scripts.repeat_check --config qwen3-0.6b --repeats 5 ;;
     parity) run python3 -m scripts.gpu_parity --config qwen3-0.6b --out "$OUT" ;;
     profile) run python3 -m scripts.profile_decode --config qwen3-4b --batch 1 8 32 64 --out "$OUT" ;;
     timeline) run python3 -m scripts.step_timeline --config qwen3-4b --batch 1 8 32 --out "$OUT" ;;

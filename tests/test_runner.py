@@ -226,6 +226,9 @@ def test_nan_logits_in_decode_fail_only_that_request(make_runtime, make_checkpoi
 # ---- on the GPU ---------------------------------------------------------------------------------
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 GPU_OVERRIDES = {"engine.max_model_len": 1024, "engine.max_num_seqs": 16, "engine.max_num_batched_tokens": 4096}
+# Engine modes whose results must agree (scripts/repeat_check.py repeats them to catch rare differences).
+GPU_MODES = {"graph": {"engine.async_scheduling": False}, "eager": {"engine.cuda_graphs": False},
+             "host": {"logprobs.path": "host"}, "async": {"engine.async_scheduling": True}}
 
 
 def _gpu_runtime(config, **overrides):
@@ -255,8 +258,7 @@ def _gpu_requests(vocab):
 @pytest.mark.parametrize("config", ["qwen3-0.6b", "qwen3-4b"])
 def test_graph_eager_and_host_paths_agree(config):
     runs = {}
-    for name, overrides in (("graph", {"engine.async_scheduling": False}), ("eager", {"engine.cuda_graphs": False}),
-                            ("host", {"logprobs.path": "host"}), ("async", {"engine.async_scheduling": True})):
+    for name, overrides in GPU_MODES.items():
         rt = _gpu_runtime(config, **overrides)
         runs[name] = _run_joining(rt, _gpu_requests(rt.vocab_size))
         del rt
