@@ -97,8 +97,8 @@ def transformers_static(args: argparse.Namespace) -> Iterator[dict]:
 
 
 def _medians(runs: list[dict]) -> dict:
-    """Each figure's median over the repetitions, and every repetition's TPOT (transformers' spreads by
-    several percent from one generate call to the next)."""
+    """Each figure's median over the repetitions, and every repetition's TPOT (transformers' TPOT spreads
+    by several percent from one generate call to the next)."""
     return {**{k: statistics.median(r[k] for r in runs) for k in runs[0]}, "tpot_ms_runs": [r["tpot_ms"] for r in runs]}
 
 

@@ -50,7 +50,10 @@ def fill_free_memory(fill: str) -> None:
     """Leaves the caching allocator's free blocks (small to large) holding NaN or random values."""
     blocks = [torch.empty(n, device="cuda") for n in [1 << 20] * 64 + [1 << 24] * 32 + [1 << 28] * 8]
     for block in blocks:
-        block.fill_(float("nan")) if fill == "nan" else block.random_()
+        if fill == "nan":
+            block.fill_(float("nan"))
+        else:
+            block.random_()
     torch.cuda.synchronize()
 
 
