@@ -1,11 +1,11 @@
-"""Collect the JSON results of scripts/gpu_check.sh into docs/benchmarks.json, docs/BENCHMARKS.md and
-the PNG plots beside them.
+"""Collect the JSON results of scripts/gpu_check.sh into docs/benchmarks.json, docs/BENCHMARKS.md (the main
+runs, then the analysis), docs/benchmark-runs.md (the other runs' tables) and the PNG plots.
 
 Usage: python -m scripts.write_report RESULT_DIR [RESULT_DIR ...] [--notes docs/benchmark-notes.md]
 Later directories win for the parts of a result they share; every table names the run (commit, date,
 repetitions) its part comes from. `logprobs-NAME.json` and `decode-NAME.json` files (other runs: device-path
-re-runs of the matrix, an earlier commit's full run, decode with async scheduling) are reported beside
-logprobs.json and decode.json, targets included.
+re-runs of the matrix, an earlier commit's full run, decode with async scheduling) are reported in
+benchmark-runs.md, and counted beside logprobs.json and decode.json in the targets table.
 """
 from __future__ import annotations
 
@@ -63,7 +63,7 @@ def _ours(decode: dict, batch: int, mode: str = "graph") -> dict | None:
 SPEEDUPS = (("graph-async", "speedup_of_async", ", async scheduling"), ("graph", "speedup_of_ours", ", synchronous"))
 
 
-# How many of the other runs' figures a target's row lists, the latest first (the tables below hold them all).
+# How many of the other runs' figures a target's row lists, the latest first (benchmark-runs.md holds them all).
 LISTED_RUNS = 6
 
 
@@ -119,7 +119,8 @@ def targets(results: dict) -> list[str]:
         latest = ", ".join(f"{figure} (`{commit}`)" for commit, figure, _ in others[:LISTED_RUNS])
         rows.append([target, bar, main, f"{met}; latest: {latest}" if others else "–"])
     return (["## Issue 5's targets", "", "The main run's figure, then the other runs' (earlier commits and re-runs; "
-             "each has its table below): how many met the bar, and the latest figures, misses in bold.", ""]
+             "each has its table in [benchmark-runs.md](benchmark-runs.md)): how many met the bar, and the latest "
+             "figures, misses in bold.", ""]
             + _table(["target", "bar", "main run", "other runs met"], rows))
 
 
@@ -327,19 +328,23 @@ def main() -> None:
     args = parser.parse_args()
     results = load(args.dirs)
     lines = ["# Benchmarks", "", "Measured on the H200 through the device tool by `scripts/gpu_check.sh`; every ratio "
-             "is taken inside one run. Raw figures: `docs/benchmarks.json`. The analysis follows the tables.", ""]
+             "is taken inside one run. Raw figures: `docs/benchmarks.json`; the other runs' tables (earlier commits, "
+             "re-runs): [benchmark-runs.md](benchmark-runs.md). The analysis follows the tables.", ""]
     lines += targets(results) + [""]
     for name, section in SECTIONS.items():
         if name in results:
             lines += section(results[name]) + [""]
-    for name in [name for name in _files(results, "decode") if name != "decode.json"]:
-        lines += decode(results[name], other_run=f": {_kind_and_run(name)[1]}") + [""]
-    for name in [name for name in _files(results, "logprobs") if name != "logprobs.json"]:
-        lines += logprobs(results[name], rerun=f": {_kind_and_run(name)[1]}") + [""]
     if args.notes:
         lines += [args.notes.read_text()]
+    runs = ["# Benchmarks: the other runs", "", "Earlier commits' runs and re-runs, the latest first; the main runs "
+            "and the analysis are in [BENCHMARKS.md](BENCHMARKS.md).", ""]
+    for name in [name for name in _files(results, "decode") if name != "decode.json"]:
+        runs += decode(results[name], other_run=f": {_kind_and_run(name)[1]}") + [""]
+    for name in [name for name in _files(results, "logprobs") if name != "logprobs.json"]:
+        runs += logprobs(results[name], rerun=f": {_kind_and_run(name)[1]}") + [""]
     DOCS.mkdir(exist_ok=True)
     (DOCS / "BENCHMARKS.md").write_text("\n".join(lines))
+    (DOCS / "benchmark-runs.md").write_text("\n".join(runs))
     (DOCS / "benchmarks.json").write_text(json.dumps(results, indent=1))
     plots(results)
 

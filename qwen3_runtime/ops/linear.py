@@ -40,7 +40,7 @@ PREFETCH_BYTES = 4 << 20
 # Qwen3-4B) before their wait, while gate/up's last programs still stream. H200, Qwen3-4B, profile_decode
 # wall ms per step against the code before, same run, two machines: batch 1 2.345 -> 2.331 and 2.325 ->
 # 2.309, batch 8 2.548 -> 2.541 and 2.517 -> 2.516 (batch 32, not covered, 2.919 -> 2.920). Each alone was
-# no faster (docs/benchmark-notes.md): the early launch 2.379 -> 2.375-2.378 / 2.595 -> 2.603-2.605 at
+# no faster (docs/benchmark-log.md): the early launch 2.379 -> 2.375-2.378 / 2.595 -> 2.603-2.605 at
 # batch 1 / 8; down_proj's prefetch, launched after gate/up, 2.376-2.378 / 2.592-2.597 -> 2.397 /
 # 2.611-2.615.
 MLP_EARLY_ROWS = 8

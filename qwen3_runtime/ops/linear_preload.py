@@ -29,7 +29,7 @@ MAX_ROWS = 8
 # Shared memory one program may take: an H200 SM has 228 KB. No attention program (38 KB) fits beside
 # one, so its programs take SMs as attention's leave them. Making room (a 2-stage attention pipeline, and
 # the largest shared-memory carveout asked for) was slower: the weights then streamed during attention
-# delay its K/V reads by about their own DRAM time (docs/benchmark-notes.md).
+# delay its K/V reads by about their own DRAM time (docs/benchmark-log.md).
 SMEM_BUDGET = 200 * 1024
 # Gluon's TMA load was renamed after triton 3.6 (the H200's); the CPU tests compile it with a newer one.
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
