@@ -5,15 +5,21 @@ Usage: python -m scripts.write_report RESULT_DIR [RESULT_DIR ...] [--notes docs/
 Later directories win for the parts of a result they share; every table names the run (commit, date,
 repetitions) its part comes from. `logprobs-NAME.json` and `decode-NAME.json` files (other runs: device-path
 re-runs of the matrix, an earlier commit's full run, decode with async scheduling) are reported in
-benchmark-runs.md, and counted beside logprobs.json and decode.json in the targets table.
+benchmark-runs.md, and counted beside logprobs.json and decode.json in the targets table. With --since COMMIT
+the targets table also gives, per target, how many runs of the code as it stands (those at COMMIT or after it, the
+last change to the runtime or the benchmarks) met the bar, and their median.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import statistics
+import subprocess
 from pathlib import Path
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
 RUN_KEYS = ("commit", "gpu", "torch", "triton", "date", "repeats", "max_tokens", "prompt_len", "config")
 # Files whose parts may come from different runs (bench_logprobs --parts, bench_kernels --parts), by name prefix.
 PARTED = {"logprobs": ("matrix", "mixed", "prompt", "copies"), "kernels": ("gemm", "attention")}
@@ -67,13 +73,15 @@ SPEEDUPS = (("graph-async", "speedup_of_async", ", async scheduling"), ("graph",
 LISTED_RUNS = 6
 
 
-def targets(results: dict) -> list[str]:
+def targets(results: dict, since: str | None = None) -> list[str]:
     """Issue 5's targets, a row each: the main run's figure (logprobs.json, decode.json), then how many of the
-    other runs (earlier commits, re-runs) met the bar and the latest of their figures."""
-    found: dict[tuple[str, str], list[tuple[bool, str, str, bool]]] = {}  # (target, bar): [(main, commit, figure, ok)]
+    other runs (earlier commits, re-runs) met the bar and the latest of their figures; with `since`, first how
+    many runs at that commit or after it met the bar, and their median (the runs differ by more from machine to
+    machine than inside one run)."""
+    found: dict[tuple[str, str, str], list[tuple[bool, str, float | str, bool]]] = {}  # (target, bar, format): runs
 
-    def add(target: str, bar: str, main: bool, commit: str, figure: str, ok: bool) -> None:
-        found.setdefault((target, bar), []).append((main, commit, figure, ok))
+    def add(target: str, bar: str, fmt: str, main: bool, commit: str, value: float | str, ok: bool) -> None:
+        found.setdefault((target, bar, fmt), []).append((main, commit, value, ok))
 
     for name in _files(results, "logprobs"):
         lp, main = results[name], name == "logprobs.json"
@@ -83,45 +91,65 @@ def targets(results: dict) -> list[str]:
             for c in (1, 8, 32):
                 ratio = next(r["tpot_vs_off"] for r in m if r["concurrency"] == c and r["logprobs"] == 5
                              and r["path"] == "device")
-                add(f"logprobs=5 TPOT / off, concurrency {c}", "≤ 1.02", main, commit["matrix"], f"{ratio:.3f}",
+                add(f"logprobs=5 TPOT / off, concurrency {c}", "≤ 1.02", "{:.3f}", main, commit["matrix"], ratio,
                     ratio <= 1.02)
         if "mixed" in lp:
             mixed = {r["batch"]: r["others_tpot_ms"] for r in lp["mixed"]["rows"] if r["path"] == "device"}
             ratio = mixed["one logprobs=5"] / mixed["all off"]
-            add("mixed batch of 8: other rows' TPOT / all off", "1 ± 0.01", main, commit["mixed"], f"{ratio:.3f}",
+            add("mixed batch of 8: other rows' TPOT / all off", "1 ± 0.01", "{:.3f}", main, commit["mixed"], ratio,
                 abs(ratio - 1) <= 0.01)
         if "prompt" in lp:
             p = {r["prompt_logprobs"]: r["prefill_ms"] for r in lp["prompt"]["rows"] if r["path"] == "device"}
             extra = p[5] / p[None] - 1
-            add("prompt logprobs (5) on 1024 tokens: extra prefill time", "≤ 5%", main, commit["prompt"],
-                f"{100 * extra:.1f}%", extra <= 0.05)
+            add("prompt logprobs (5) on 1024 tokens: extra prefill time", "≤ 5%", "{:.1%}", main, commit["prompt"],
+                extra, extra <= 0.05)
         if "copies" in lp:
             dev = [r for r in lp["copies"]["rows"] if r["path"] == "device"]
             ok = all(r["d2h_copies_per_step"] == 1 and r["host_syncs_per_step"] == 1 for r in dev)
-            add("device-to-host copies / syncs per decode step", "1 / 1", main, commit["copies"],
+            add("device-to-host copies / syncs per decode step", "1 / 1", "{}", main, commit["copies"],
                 " ; ".join(f"{r['d2h_copies_per_step']:g} / {r['host_syncs_per_step']:g}" for r in dev), ok)
     for name in _files(results, "decode"):
         d, main = results[name], name == "decode.json"
         for mode, key, label in SPEEDUPS:
             if _ours(d, 1, mode):
                 ratio = _ours(d, 1, mode)["tpot_ms"] / d["floor_ms"]
-                add(f"decode TPOT / weight-read floor, batch 1{label}", "≤ 1.25", main, d["commit"], f"{ratio:.3f}",
+                add(f"decode TPOT / weight-read floor, batch 1{label}", "≤ 1.25", "{:.3f}", main, d["commit"], ratio,
                     ratio <= 1.25)
             for r in d["rows"]:
                 if key in r:
-                    add(f"speed-up over transformers static cache, batch {r['batch']}{label}", "≥ 2.5×", main,
-                        d["commit"], f"{r[key]:.2f}×", r[key] >= 2.5)
+                    add(f"speed-up over transformers static cache, batch {r['batch']}{label}", "≥ 2.5×", "{:.2f}×",
+                        main, d["commit"], r[key], r[key] >= 2.5)
     rows = []
-    for (target, bar), runs in found.items():
-        main = next((f"{figure} {_mark(ok)}" for is_main, _, figure, ok in runs if is_main), "–")
-        others = [(commit, figure if ok else f"**{figure}**", ok) for is_main, commit, figure, ok in runs if not is_main]
+    for (target, bar, fmt), runs in found.items():
+        main = next((f"{fmt.format(value)} {_mark(ok)}" for is_main, _, value, ok in runs if is_main), "–")
+        others = [(commit, fmt.format(value) if ok else f"**{fmt.format(value)}**", ok)
+                  for is_main, commit, value, ok in runs if not is_main]
         met = f"{sum(ok for *_, ok in others)} of {len(others)}"
         latest = ", ".join(f"{figure} (`{commit}`)" for commit, figure, _ in others[:LISTED_RUNS])
-        rows.append([target, bar, main, f"{met}; latest: {latest}" if others else "–"])
-    return (["## Issue 5's targets", "", "The main run's figure, then the other runs' (earlier commits and re-runs; "
-             "each has its table in [benchmark-runs.md](benchmark-runs.md)): how many met the bar, and the latest "
-             "figures, misses in bold.", ""]
-            + _table(["target", "bar", "main run", "other runs met"], rows))
+        current = [(value, ok) for _, commit, value, ok in runs if since and _descends(commit, since)]
+        rows.append([target, bar, main, *([_met_and_median(current, fmt)] if since else []),
+                     f"{met}; latest: {latest}" if others else "–"])
+    header = ["target", "bar", "main run", *([f"runs since `{since}` met"] if since else []), "other runs met"]
+    return (["## Issue 5's targets", "", "The main run's figure, then "
+             + (f"how many runs of the code as it stands (at `{since}` or after it, main run included) met the bar, "
+                "and their median; then " if since else "")
+             + "the other runs' (earlier commits and re-runs; each has its table in [benchmark-runs.md]"
+             "(benchmark-runs.md)): how many met the bar, and the latest figures, misses in bold.", ""]
+            + _table(header, rows))
+
+
+def _met_and_median(runs: list[tuple[float | str, bool]], fmt: str) -> str:
+    if not runs:
+        return "–"
+    met, values = f"{sum(ok for _, ok in runs)} of {len(runs)}", [value for value, _ in runs]
+    return met if isinstance(values[0], str) else f"{met}, median {fmt.format(statistics.median(values))}"
+
+
+@functools.cache
+def _descends(commit: str, base: str) -> bool:
+    """Whether `commit` is `base` or has it in its history (a commit git does not know counts as older)."""
+    return subprocess.run(["git", "merge-base", "--is-ancestor", base, commit], cwd=ROOT,
+                          capture_output=True).returncode == 0
 
 
 def _files(results: dict, kind: str) -> list[str]:
@@ -325,12 +353,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("dirs", nargs="+", type=Path)
     parser.add_argument("--notes", type=Path, help="markdown appended after the tables (analysis)")
+    parser.add_argument("--since", help="the last commit that changed the runtime or the benchmarks: the targets "
+                                        "table counts the runs since it apart")
     args = parser.parse_args()
     results = load(args.dirs)
     lines = ["# Benchmarks", "", "Measured on the H200 through the device tool by `scripts/gpu_check.sh`; every ratio "
              "is taken inside one run. Raw figures: `docs/benchmarks.json`; the other runs' tables (earlier commits, "
              "re-runs): [benchmark-runs.md](benchmark-runs.md). The analysis follows the tables.", ""]
-    lines += targets(results) + [""]
+    lines += targets(results, args.since) + [""]
     for name, section in SECTIONS.items():
         if name in results:
             lines += section(results[name]) + [""]
