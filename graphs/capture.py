@@ -2,10 +2,12 @@
 static buffers. A batch is padded up to the nearest bucket and replayed; a batch over the largest
 bucket, and every run where graphs are off (the CPU), calls the same step eagerly, padded the same
 way, so padding and masking are exercised everywhere."""
+
 from __future__ import annotations
 
 import bisect
-from typing import Any, Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
 
 import torch
 

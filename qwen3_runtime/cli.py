@@ -1,4 +1,5 @@
 """`qwen3-runtime generate`: run the config's generate job and report tokens and timing."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,13 +18,26 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="qwen3-runtime", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate tokens for prompts of token ids")
-    gen.add_argument("--config", default="tiny",
-                     help=f"a YAML file or a bundled config ({', '.join(bundled_configs())}); default: tiny")
-    gen.add_argument("--prompt-ids", action="append", default=[], metavar="1,2,3",
-                     help="a prompt as comma-separated token ids; repeat for several prompts "
-                          "(default: the config's generate.prompts, or random ones)")
-    gen.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                     help="override a config key, e.g. --set logprobs.path=host")
+    gen.add_argument(
+        "--config",
+        default="tiny",
+        help=f"a YAML file or a bundled config ({', '.join(bundled_configs())}); default: tiny",
+    )
+    gen.add_argument(
+        "--prompt-ids",
+        action="append",
+        default=[],
+        metavar="1,2,3",
+        help="a prompt as comma-separated token ids; repeat for several prompts "
+        "(default: the config's generate.prompts, or random ones)",
+    )
+    gen.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config key, e.g. --set logprobs.path=host",
+    )
     gen.add_argument("--quiet", action="store_true", help="print only the timing summary")
     args = parser.parse_args(argv)
     try:
@@ -62,11 +76,15 @@ def _print_output(out: RequestOutput) -> None:
     if out.error:
         print(f"[{out.request_id}] error: {out.error}")
         return
-    print(f"[{out.request_id}] prompt {len(out.prompt_token_ids)} tokens -> {len(out.token_ids)} tokens "
-          f"({out.finish_reason}): {' '.join(map(str, out.token_ids))}")
+    print(
+        f"[{out.request_id}] prompt {len(out.prompt_token_ids)} tokens -> {len(out.token_ids)} tokens "
+        f"({out.finish_reason}): {' '.join(map(str, out.token_ids))}"
+    )
     for i, lp in enumerate(out.logprobs or []):
         top = ", ".join(f"{t}:{v:.3f}" for t, v in zip(lp.top_ids, lp.top_logprobs))
-        print(f"    {i}: token {lp.token_id} logprob {lp.logprob:.4f} rank {lp.rank}" + (f" top [{top}]" if top else ""))
+        print(
+            f"    {i}: token {lp.token_id} logprob {lp.logprob:.4f} rank {lp.rank}" + (f" top [{top}]" if top else "")
+        )
 
 
 def _print_timing(outputs: list[RequestOutput], wall: float) -> None:
@@ -76,10 +94,12 @@ def _print_timing(outputs: list[RequestOutput], wall: float) -> None:
     ttft = [o.ttft for o in served]
     tpot = [o.tpot for o in served if o.tpot is not None]
     tokens = sum(len(o.token_ids) for o in served)
-    print(f"requests {len(served)}  output tokens {tokens}  wall {wall:.3f} s  "
-          f"TTFT {1e3 * statistics.median(ttft):.2f} ms  "
-          + (f"TPOT {1e3 * statistics.median(tpot):.2f} ms  " if tpot else "")
-          + f"throughput {tokens / wall:.1f} tokens/s")
+    print(
+        f"requests {len(served)}  output tokens {tokens}  wall {wall:.3f} s  "
+        f"TTFT {1e3 * statistics.median(ttft):.2f} ms  "
+        + (f"TPOT {1e3 * statistics.median(tpot):.2f} ms  " if tpot else "")
+        + f"throughput {tokens / wall:.1f} tokens/s"
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """YAML configuration: frozen dataclasses, validated with errors that name the dotted key."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -7,7 +8,7 @@ import typing
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal, Optional, Union
+from typing import Any, Literal, Union
 
 import yaml
 
@@ -37,13 +38,14 @@ class ArchitectureConfig:
     rope_theta: float = field(default=1e6, metadata=_range(0, lo_open=True))
     max_position_embeddings: int = field(default=40960, metadata=_range(1))
     tie_word_embeddings: bool = False
-    eos_token_id: Optional[Union[int, list[int]]] = None
+    eos_token_id: int | list[int] | None = None
 
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}")
+                f"num_key_value_heads={self.num_key_value_heads}"
+            )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even (rotary embedding)")
 
@@ -57,9 +59,9 @@ class ArchitectureConfig:
 @dataclass(frozen=True)
 class ModelConfig:
     # A Hugging Face checkpoint directory (config.json + safetensors); None = random weights.
-    path: Optional[str] = None
+    path: str | None = None
     # The shape used for random weights when `path` is None.
-    architecture: Optional[ArchitectureConfig] = None
+    architecture: ArchitectureConfig | None = None
     # Seed of the random weights.
     seed: int = field(default=0, metadata=_range(0))
     # auto: bfloat16 on a GPU, float32 on the CPU.
@@ -67,8 +69,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.path is None and self.architecture is None:
-            raise ConfigError("path is null and no architecture is given: set model.path to a "
-                              "checkpoint directory or model.architecture to a shape")
+            raise ConfigError(
+                "path is null and no architecture is given: set model.path to a "
+                "checkpoint directory or model.architecture to a shape"
+            )
 
 
 @dataclass(frozen=True)
@@ -81,12 +85,12 @@ class EngineConfig:
     max_num_batched_tokens: int = field(default=8192, metadata=_range(1))
     block_size: int = field(default=16, metadata=_range(1))
     # None: enough for max_num_seqs full-length sequences, capped by gpu_memory_utilization.
-    num_kv_blocks: Optional[int] = field(default=None, metadata=_range(1))
+    num_kv_blocks: int | None = field(default=None, metadata=_range(1))
     gpu_memory_utilization: float = field(default=0.9, metadata=_range(0, 1, lo_open=True))
     # Capture the decode step in CUDA graphs (GPU only), one per padded batch size.
     cuda_graphs: bool = True
     # Padded batch sizes; None: 1, 2, 4, 8, then steps of 8 up to max_num_seqs.
-    cuda_graph_buckets: Optional[list[int]] = None
+    cuda_graph_buckets: list[int] | None = None
     # Launch each decode step before reading the one before, so the host's work overlaps the GPU's; a
     # request that stops on a token costs one discarded row in the step after.
     async_scheduling: bool = True
@@ -95,13 +99,16 @@ class EngineConfig:
         if self.max_num_batched_tokens < self.max_model_len:
             raise ConfigError(
                 f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= "
-                f"max_model_len={self.max_model_len}, so any prompt fits one prefill")
+                f"max_model_len={self.max_model_len}, so any prompt fits one prefill"
+            )
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ConfigError(f"device={self.device!r} is invalid: use auto, cpu, cuda or cuda:N")
         for size in self.cuda_graph_buckets or []:
             if not 1 <= size <= self.max_num_seqs:
-                raise ConfigError(f"cuda_graph_buckets={self.cuda_graph_buckets} is invalid: every size must be "
-                                  f"in [1, max_num_seqs={self.max_num_seqs}]")
+                raise ConfigError(
+                    f"cuda_graph_buckets={self.cuda_graph_buckets} is invalid: every size must be "
+                    f"in [1, max_num_seqs={self.max_num_seqs}]"
+                )
 
 
 @dataclass(frozen=True)
@@ -120,7 +127,7 @@ class LogprobsConfig:
 class GenerateConfig:
     """The CLI's main job: explicit prompts, or random prompts of a fixed length."""
 
-    prompts: Optional[list[list[int]]] = None
+    prompts: list[list[int]] | None = None
     num_prompts: int = field(default=4, metadata=_range(1))
     prompt_len: int = field(default=16, metadata=_range(1))
     prompt_seed: int = field(default=0, metadata=_range(0))
@@ -154,7 +161,7 @@ def parse_override(text: str) -> tuple[str, Any]:
 
 
 def bundled_configs() -> list[str]:
-    return sorted(p.name[:-len(".yaml")] for p in _bundled_dir().glob("*.yaml"))
+    return sorted(p.name[: -len(".yaml")] for p in _bundled_dir().glob("*.yaml"))
 
 
 def _bundled_dir() -> Path:
@@ -179,7 +186,7 @@ def _set_dotted(raw: dict, key: str, value: Any) -> None:
     for i, part in enumerate(parents):
         node = node.setdefault(part, {})
         if not isinstance(node, dict):
-            raise ConfigError(f"override {key}: {'.'.join(parents[:i + 1])} is not a section")
+            raise ConfigError(f"override {key}: {'.'.join(parents[: i + 1])} is not a section")
     node[leaf] = value
 
 
@@ -190,8 +197,10 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(raw) - set(fields))
     if unknown:
-        raise ConfigError(f"unknown config key {prefix}{unknown[0]}; allowed in "
-                          f"{prefix.rstrip('.') or 'the top level'}: {', '.join(fields)}")
+        raise ConfigError(
+            f"unknown config key {prefix}{unknown[0]}; allowed in "
+            f"{prefix.rstrip('.') or 'the top level'}: {', '.join(fields)}"
+        )
     kwargs = {}
     for name, value in raw.items():
         key = prefix + name
@@ -204,8 +213,11 @@ def _build(cls: type, raw: Any, prefix: str) -> Any:
     except ValueError as e:  # __post_init__ checks name the field; add the section
         raise ConfigError(f"{prefix}{e}") from None
     except TypeError as e:  # a required key is missing
-        missing = [n for n, f in fields.items() if n not in raw
-                   and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING]
+        missing = [
+            n
+            for n, f in fields.items()
+            if n not in raw and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+        ]
         raise ConfigError(f"missing config key {prefix}{missing[0] if missing else ''}: {e}") from None
 
 

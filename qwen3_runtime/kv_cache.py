@@ -1,4 +1,5 @@
 """Paged KV cache: one device tensor for all layers and a free list of fixed-size blocks."""
+
 from __future__ import annotations
 
 from collections import deque
@@ -13,11 +14,20 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def allocate_kv_cache(arch: ArchitectureConfig, num_blocks: int, block_size: int,
-                      dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def allocate_kv_cache(
+    arch: ArchitectureConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
     """[layers, 2 (k, v), blocks, block_size, kv_heads, head_dim]."""
-    return torch.empty(arch.num_hidden_layers, 2, num_blocks, block_size, arch.num_key_value_heads,
-                       arch.head_dim, dtype=dtype, device=device)
+    return torch.empty(
+        arch.num_hidden_layers,
+        2,
+        num_blocks,
+        block_size,
+        arch.num_key_value_heads,
+        arch.head_dim,
+        dtype=dtype,
+        device=device,
+    )
 
 
 def kv_bytes_per_block(arch: ArchitectureConfig, block_size: int, dtype: torch.dtype) -> int:

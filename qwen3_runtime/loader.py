@@ -1,4 +1,5 @@
 """Build a Qwen3 model from a Hugging Face checkpoint directory, or with seeded random weights."""
+
 from __future__ import annotations
 
 import json
@@ -109,8 +110,9 @@ def _load_checkpoint(model: Qwen3ForCausalLM, path: Path) -> None:
                     dest = dest[_shard_slice(param_name, shard, model.config)]
                 tensor = f.get_tensor(name)
                 if tuple(tensor.shape) != tuple(dest.shape):
-                    raise CheckpointError(f"tensor {name!r} has shape {tuple(tensor.shape)}, "
-                                          f"expected {tuple(dest.shape)}")
+                    raise CheckpointError(
+                        f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
+                    )
                 dest.copy_(tensor)
                 seen.add(name)
     if "lm_head.weight" not in seen:  # tied embeddings: checkpoints omit lm_head

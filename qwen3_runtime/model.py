@@ -1,16 +1,16 @@
 """Qwen3 dense decoder over a paged KV cache (see shared notes: per-head q/k RMSNorm before RoPE, GQA)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from qwen3_runtime.config import ArchitectureConfig
-from qwen3_runtime.ops.decode_attention import paged_decode_attention
 from qwen3_runtime.ops.attention_inputs import attention_inputs
+from qwen3_runtime.ops.decode_attention import paged_decode_attention
 from qwen3_runtime.ops.linear import linear, linear_partials, mlp_partials
 from qwen3_runtime.ops.linear_preload import preload_applies, preloaded_partials
 from qwen3_runtime.ops.norms import add_rms_norm
@@ -26,11 +26,11 @@ class AttentionMetadata:
     """
 
     slot_mapping: torch.Tensor  # [T] cache slot of each token; -1 = padded row, not stored
-    cu_seqlens: Optional[list[int]] = None  # prefill only
-    block_tables: Optional[torch.Tensor] = None  # decode only: [B, max_blocks] int32
-    seq_lens: Optional[torch.Tensor] = None  # decode only: [B] int32, 0 for padded rows
+    cu_seqlens: list[int] | None = None  # prefill only
+    block_tables: torch.Tensor | None = None  # decode only: [B, max_blocks] int32
+    seq_lens: torch.Tensor | None = None  # decode only: [B] int32, 0 for padded rows
     num_splits: int = 1  # decode only: split-KV partitions (static)
-    split_arrivals: Optional[torch.Tensor] = None  # decode only: [B, kv_heads] int32 zeros (ops/decode_attention.py)
+    split_arrivals: torch.Tensor | None = None  # decode only: [B, kv_heads] int32 zeros (ops/decode_attention.py)
 
     @property
     def is_prefill(self) -> bool:
@@ -43,7 +43,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
         self.weight = nn.Parameter(torch.empty(dim))
 
-    def forward(self, x: torch.Tensor, residual: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         """RMSNorm(x), or with `residual`: residual += x in place, then RMSNorm(residual)."""
         return add_rms_norm(x, self.weight, self.eps, residual)
 
@@ -57,8 +57,9 @@ class Rotary(nn.Module):
         self.register_buffer("cos_sin", torch.empty(0), persistent=False)
 
     def build_table(self, max_len: int, device: torch.device) -> None:
-        inv_freq = 1.0 / (self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64,
-                                                      device=device).float() / self.head_dim))
+        inv_freq = 1.0 / (
+            self.theta ** (torch.arange(0, self.head_dim, 2, dtype=torch.int64, device=device).float() / self.head_dim)
+        )
         freqs = torch.arange(max_len, device=device).float()[:, None] * inv_freq[None, :]
         self.cos_sin = torch.cat([freqs.cos(), freqs.sin()], dim=-1)
 
@@ -67,16 +68,20 @@ class Attention(nn.Module):
     def __init__(self, cfg: ArchitectureConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim)
-        self.scale = self.head_dim ** -0.5
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+        )
+        self.scale = self.head_dim**-0.5
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         self.qkv_proj = nn.Linear(cfg.hidden_size, q_size + 2 * kv_size, bias=False)
         self.o_proj = nn.Linear(q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, cfg.rms_norm_eps)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary,
-                kv_cache: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, kv_cache: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor:
         """The output projection as [S, T, hidden] partial sums (ops/linear.py), for the next norm to add."""
         k_cache, v_cache = kv_cache
         decode = not meta.is_prefill
@@ -85,15 +90,34 @@ class Attention(nn.Module):
         # qkv streams. H200, Qwen3-4B, profile_decode wall ms per step at batch 1 / 8 / 32, same run:
         # 2.338 / 2.536 / 2.942 -> 2.318 / 2.509 / 2.880.
         qkv = linear(x, self.qkv_proj.weight, decode, dependents_early=True)
-        q, k, v = attention_inputs(qkv, self.num_heads, self.num_kv_heads, self.q_norm.weight, self.k_norm.weight,
-                                   self.q_norm.eps, rotary.cos_sin, positions, k_cache, v_cache, meta.slot_mapping)
+        q, k, v = attention_inputs(
+            qkv,
+            self.num_heads,
+            self.num_kv_heads,
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.q_norm.eps,
+            rotary.cos_sin,
+            positions,
+            k_cache,
+            v_cache,
+            meta.slot_mapping,
+        )
         preload = decode and preload_applies(x.shape[0], self.o_proj.weight)
         if meta.is_prefill:
             out = prefill_attention(q, k, v, meta.cu_seqlens, self.scale)
         else:
-            out = paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
-                                         self.scale, meta.num_splits, dependents_early=preload,
-                                         arrivals=meta.split_arrivals)
+            out = paged_decode_attention(
+                q,
+                k_cache,
+                v_cache,
+                meta.block_tables,
+                meta.seq_lens,
+                self.scale,
+                meta.num_splits,
+                dependents_early=preload,
+                arrivals=meta.split_arrivals,
+            )
         out = out.reshape(x.shape[0], -1)
         if preload:
             return preloaded_partials(out, self.o_proj.weight)
@@ -145,8 +169,14 @@ class Qwen3ForCausalLM(nn.Module):
     def lm_head_is_tied(self) -> bool:
         return self.lm_head.weight is self.model.embed_tokens.weight
 
-    def forward(self, input_ids: Optional[torch.Tensor], positions: torch.Tensor, kv_cache: torch.Tensor,
-                meta: AttentionMetadata, inputs_embeds: Optional[torch.Tensor] = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """Final-normed hidden states [T, hidden]; `kv_cache` is [layers, 2, blocks, block_size, kv_heads, head_dim].
         `inputs_embeds` [T, hidden], when given, stands for the embedding of input_ids (decode computes it
         with the input-token selection, ops.embedding).

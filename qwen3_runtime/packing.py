@@ -9,10 +9,10 @@ So a step copies rows * (5 + 2 * k_max) * 4 bytes: 180 bytes per row at k_max = 
 O(vocab). Status: 0 ok, 1 the row's logits were not finite (NaN, +inf or all -inf).
 Logprob columns of rows that did not ask for logprobs are stale and never read.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -42,16 +42,42 @@ def pack(tokens: torch.Tensor, logprobs: LogprobBuffers, out: torch.Tensor, peak
     assert out.stride(1) == 1 and logprobs.top_ids.stride() == logprobs.top_logprobs.stride()
     if rows:
         from_peak = peak is not None
-        _pack_kernel[(rows,)](tokens, peak if from_peak else logprobs.status, logprobs.logprob, logprobs.rank,
-                              logprobs.logsumexp, logprobs.top_ids, logprobs.top_logprobs, out, k, out.stride(0),
-                              logprobs.top_ids.stride(0), HEADER=HEADER, BLOCK_K=triton.next_power_of_2(max(k, 1)),
-                              STATUS_FROM_PEAK=from_peak, num_warps=1)
+        _pack_kernel[(rows,)](
+            tokens,
+            peak if from_peak else logprobs.status,
+            logprobs.logprob,
+            logprobs.rank,
+            logprobs.logsumexp,
+            logprobs.top_ids,
+            logprobs.top_logprobs,
+            out,
+            k,
+            out.stride(0),
+            logprobs.top_ids.stride(0),
+            HEADER=HEADER,
+            BLOCK_K=triton.next_power_of_2(max(k, 1)),
+            STATUS_FROM_PEAK=from_peak,
+            num_warps=1,
+        )
 
 
 @triton.jit
-def _pack_kernel(tokens_ptr, status_ptr, logprob_ptr, rank_ptr, logsumexp_ptr, top_ids_ptr, top_logprobs_ptr,
-                 out_ptr, k_max, stride_out, stride_top, HEADER: tl.constexpr, BLOCK_K: tl.constexpr,
-                 STATUS_FROM_PEAK: tl.constexpr):
+def _pack_kernel(
+    tokens_ptr,
+    status_ptr,
+    logprob_ptr,
+    rank_ptr,
+    logsumexp_ptr,
+    top_ids_ptr,
+    top_logprobs_ptr,
+    out_ptr,
+    k_max,
+    stride_out,
+    stride_top,
+    HEADER: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    STATUS_FROM_PEAK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     out = out_ptr + row * stride_out
     status = tl.load(status_ptr + row)
@@ -69,16 +95,17 @@ def _pack_kernel(tokens_ptr, status_ptr, logprob_ptr, rank_ptr, logsumexp_ptr, t
     tl.store(out + HEADER + k_max + cols, top_logprobs.to(tl.int32, bitcast=True), mask=mask)
 
 
-def pack_reference(tokens: torch.Tensor, logprobs: LogprobBuffers, out: torch.Tensor,
-                   peak: torch.Tensor | None = None) -> None:
+def pack_reference(
+    tokens: torch.Tensor, logprobs: LogprobBuffers, out: torch.Tensor, peak: torch.Tensor | None = None
+) -> None:
     k = logprobs.k_max
     out[:, 0].copy_(tokens)
     out[:, 1].copy_(logprobs.status if peak is None else ~torch.isfinite(peak))
     out[:, 2].copy_(logprobs.logprob.view(torch.int32))
     out[:, 3].copy_(logprobs.rank)
     out[:, 4].copy_(logprobs.logsumexp.view(torch.int32))
-    out[:, HEADER:HEADER + k].copy_(logprobs.top_ids)
-    out[:, HEADER + k:].copy_(logprobs.top_logprobs.view(torch.int32))
+    out[:, HEADER : HEADER + k].copy_(logprobs.top_ids)
+    out[:, HEADER + k :].copy_(logprobs.top_logprobs.view(torch.int32))
 
 
 def unpack_rows(rows: np.ndarray, num_top: list[int]) -> list[TokenLogprob]:
@@ -87,11 +114,20 @@ def unpack_rows(rows: np.ndarray, num_top: list[int]) -> list[TokenLogprob]:
     thousands of rows, and per-element work is what costs here."""
     k_max = (rows.shape[1] - HEADER) // 2
     k_used = max(num_top, default=0)
-    ints = rows[:, :HEADER + k_used].tolist()
+    ints = rows[:, : HEADER + k_used].tolist()
     float_columns = [2, 4] + list(range(HEADER + k_max, HEADER + k_max + k_used))
     floats = rows[:, float_columns].view(np.float32).astype(np.float64).tolist()
-    return [TokenLogprob(token_id=i[0], logprob=f[0], rank=i[3], logsumexp=f[1], top_ids=i[HEADER:HEADER + k],
-                         top_logprobs=f[2:2 + k]) for i, f, k in zip(ints, floats, num_top)]
+    return [
+        TokenLogprob(
+            token_id=i[0],
+            logprob=f[0],
+            rank=i[3],
+            logsumexp=f[1],
+            top_ids=i[HEADER : HEADER + k],
+            top_logprobs=f[2 : 2 + k],
+        )
+        for i, f, k in zip(ints, floats, num_top)
+    ]
 
 
 class PackedLogprobs(Sequence):
@@ -105,7 +141,7 @@ class PackedLogprobs(Sequence):
     def __len__(self) -> int:
         return self.leading + len(self.rows)
 
-    def __getitem__(self, index: Union[int, slice]) -> Union[Optional[TokenLogprob], list[Optional[TokenLogprob]]]:
+    def __getitem__(self, index: int | slice) -> TokenLogprob | None | list[TokenLogprob | None]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         position = index + len(self) if index < 0 else index
@@ -114,7 +150,7 @@ class PackedLogprobs(Sequence):
         row = position - self.leading
         if row < 0 or self.rows[row, 1]:
             return None
-        return unpack_rows(self.rows[row:row + 1], [self.num_top])[0]
+        return unpack_rows(self.rows[row : row + 1], [self.num_top])[0]
 
     def count(self, value: object) -> int:
         if value is None:  # without building every entry
@@ -131,13 +167,13 @@ class StepLogprobs(Sequence):
     def __init__(self, num_top: int) -> None:
         self.num_top, self.entries = num_top, []
 
-    def append(self, entry: Union[TokenLogprob, np.ndarray, None]) -> None:
+    def append(self, entry: TokenLogprob | np.ndarray | None) -> None:
         self.entries.append(entry)
 
     def __len__(self) -> int:
         return len(self.entries)
 
-    def __getitem__(self, index: Union[int, slice]) -> Union[Optional[TokenLogprob], list[Optional[TokenLogprob]]]:
+    def __getitem__(self, index: int | slice) -> TokenLogprob | None | list[TokenLogprob | None]:
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         entry = self.entries[index]

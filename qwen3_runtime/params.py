@@ -1,8 +1,8 @@
 """Per-request sampling parameters, checked when they are made."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
 
 
 @dataclass
@@ -19,16 +19,16 @@ class SamplingParams:
     top_k: int = -1
     top_p: float = 1.0
     # Makes a sampled request's tokens reproducible whatever else is in the batch.
-    seed: Optional[int] = None
+    seed: int | None = None
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     # Top logprobs per generated token (0: only the sampled token's); None: none.
-    logprobs: Optional[int] = None
+    logprobs: int | None = None
     # Top logprobs per prompt token (the first prompt token has none); None: none.
-    prompt_logprobs: Optional[int] = None
+    prompt_logprobs: int | None = None
     # raw: logprobs of the model's distribution; processed: of the one sampled from (after
     # temperature, top-k, top-p). None: the config's logprobs.mode.
-    logprobs_mode: Optional[str] = None
+    logprobs_mode: str | None = None
 
     def __post_init__(self) -> None:
         _check_int("max_tokens", self.max_tokens, lo=1)

@@ -7,12 +7,12 @@ the next step's input ids are read on the device from the step before.
 Prefill: an eager forward over whole prompts, prompt logprobs over chunks of positions, then the
 same sampling / reduction / packing for each prompt's last position.
 """
+
 from __future__ import annotations
 
 import time
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
-from typing import Optional, Union
 
 import numpy as np
 import torch
@@ -38,8 +38,8 @@ NOT_FINITE = "the model's logits for this request were not finite (NaN or inf); 
 @dataclass
 class RowResult:
     token_id: int
-    logprob: Union[TokenLogprob, np.ndarray, None] = None  # a packed row on the device path
-    error: Optional[str] = None
+    logprob: TokenLogprob | np.ndarray | None = None  # a packed row on the device path
+    error: str | None = None
 
 
 @dataclass(eq=False)
@@ -80,11 +80,10 @@ class ModelRunner:
         self.staging = StepInputs.allocate(*self.inputs.block_tables.shape, torch.device("cpu"), pin=pin)
         # What each staging row holds, so a row is rewritten only when that changes: its request (whose
         # constants padding overwrites) and its block table (table, length; padding leaves tables alone).
-        self._staged_requests: list[Optional[Sequence]] = [None] * max_rows
-        self._staged_tables: list[tuple[Optional[list[int]], int]] = [(None, 0)] * max_rows
+        self._staged_requests: list[Sequence | None] = [None] * max_rows
+        self._staged_tables: list[tuple[list[int] | None, int]] = [(None, 0)] * max_rows
         self.logprobs = LogprobBuffers.allocate(max_rows, self.k_max, vocab, self.device)
-        self.prompt_logprobs = LogprobBuffers.allocate(self.lp_config.prompt_chunk_size, self.k_max, vocab,
-                                                       self.device)
+        self.prompt_logprobs = LogprobBuffers.allocate(self.lp_config.prompt_chunk_size, self.k_max, vocab, self.device)
         # A step's results, two sets in turn (see _next_buffer): its copy out never reads what the step after
         # it is writing, and never lands on results not read yet (async scheduling).
         self.packed = torch.zeros(2, max_rows, packed_width(self.k_max), dtype=torch.int32, device=self.device)
@@ -92,8 +91,9 @@ class ModelRunner:
         self._buffer = 0
         self._unread = [False, False]
         # Decode attention's split counts: zero between calls, so allocated once, before any capture.
-        self.split_arrivals = torch.zeros(max_rows, model.config.num_key_value_heads, dtype=torch.int32,
-                                          device=self.device)
+        self.split_arrivals = torch.zeros(
+            max_rows, model.config.num_key_value_heads, dtype=torch.int32, device=self.device
+        )
         # When each buffer's copy has landed, and when the staging rows were last copied out.
         self._copied = [torch.cuda.Event() for _ in range(2)] if pin else None
         # The copy out runs on its own stream, so the next step does not queue behind it (H200, Qwen3-4B,
@@ -101,12 +101,16 @@ class ModelRunner:
         self._copy_stream = torch.cuda.Stream(self.device) if pin else None
         self._staging_copied = torch.cuda.Event() if pin else None
         # Prompt logprobs of a whole prefill, packed like a step's rows (O(tokens * (k + 1)), not O(vocab)).
-        self.prompt_packed = torch.zeros(engine.max_num_batched_tokens, packed_width(self.k_max), dtype=torch.int32,
-                                         device=self.device)
+        self.prompt_packed = torch.zeros(
+            engine.max_num_batched_tokens, packed_width(self.k_max), dtype=torch.int32, device=self.device
+        )
         self.prompt_packed_host = torch.zeros_like(self.prompt_packed, device="cpu", pin_memory=pin)
         self.stats = RunnerStats()
-        self.graphs = StepGraphs(self._decode_step, engine.cuda_graph_buckets or default_buckets(max_rows),
-                                 variants=[(variant, buffer) for variant in (GREEDY, RANDOM) for buffer in (0, 1)])
+        self.graphs = StepGraphs(
+            self._decode_step,
+            engine.cuda_graph_buckets or default_buckets(max_rows),
+            variants=[(variant, buffer) for variant in (GREEDY, RANDOM) for buffer in (0, 1)],
+        )
         if pin and engine.cuda_graphs:
             start = time.perf_counter()
             with torch.inference_mode():
@@ -118,7 +122,7 @@ class ModelRunner:
         return self.collect(self.launch_decode(seqs))
 
     @torch.inference_mode()
-    def launch_decode(self, seqs: list[Sequence], prev_rows: Optional[list[int]] = None) -> StepInFlight:
+    def launch_decode(self, seqs: list[Sequence], prev_rows: list[int] | None = None) -> StepInFlight:
         """Stage and run a decode step without waiting for it. prev_rows[i] >= 0: seqs[i]'s input token is
         the one sampled for that row by the step still in flight (its host value not known yet)."""
         batch = self.graphs.padded_size(len(seqs))
@@ -133,18 +137,24 @@ class ModelRunner:
         when a row takes the host logprobs path, which reads the step's logits after the wait (the next
         step reuses them)."""
         return self.async_scheduling and not any(
-            seq.params.logprobs is not None and self._host_path(seq.params.logprobs) for seq in seqs)
+            seq.params.logprobs is not None and self._host_path(seq.params.logprobs) for seq in seqs
+        )
 
     def _decode_step(self, batch: int, key: tuple[str, int]) -> torch.Tensor:
         """The captured step, one per (variant, buffer): reads only static inputs, writes its results into
         `self.packed[buffer]`."""
         variant, buffer = key
         inp = self.inputs
-        num_splits = default_num_splits(batch, self.model.config.num_key_value_heads, self.max_model_len,
-                                        num_sms(self.device))
-        meta = AttentionMetadata(slot_mapping=inp.slot_mapping[:batch], block_tables=inp.block_tables[:batch],
-                                 seq_lens=inp.seq_lens[:batch], num_splits=num_splits,
-                                 split_arrivals=self.split_arrivals[:batch])
+        num_splits = default_num_splits(
+            batch, self.model.config.num_key_value_heads, self.max_model_len, num_sms(self.device)
+        )
+        meta = AttentionMetadata(
+            slot_mapping=inp.slot_mapping[:batch],
+            block_tables=inp.block_tables[:batch],
+            seq_lens=inp.seq_lens[:batch],
+            num_splits=num_splits,
+            split_arrivals=self.split_arrivals[:batch],
+        )
         # With async scheduling, rows fed by the step in flight read its sampled token here.
         fed_from = (inp.prev_row[:batch], self.packed[buffer ^ 1, :, 0]) if self.async_scheduling else (None, None)
         embeds = embed(self.model.model.embed_tokens.weight, inp.input_ids[:batch], *fed_from)
@@ -180,8 +190,9 @@ class ModelRunner:
         positions = np.concatenate([np.arange(n) for n in lengths])
         slots = np.concatenate([self._slots(seq, np.arange(seq.num_tokens)) for seq in seqs])
         meta = AttentionMetadata(slot_mapping=self._tensor(slots), cu_seqlens=cu_seqlens)
-        hidden = self.model(self._tensor(np.concatenate([seq.tokens for seq in seqs])), self._tensor(positions),
-                            self.kv_cache, meta)
+        hidden = self.model(
+            self._tensor(np.concatenate([seq.tokens for seq in seqs])), self._tensor(positions), self.kv_cache, meta
+        )
         packed_prompts = self._prompt_logprobs(seqs, hidden, cu_seqlens)
         rows = len(seqs)
         self._stage(seqs, rows)
@@ -208,24 +219,28 @@ class ModelRunner:
             rows, targets = _scored_positions([(seq, start)])
             entries = [None]
             for begin in range(0, len(rows), chunk):
-                logits = self.model.compute_logits(hidden[self._tensor(rows[begin:begin + chunk])])
-                entries += [self._from_full_row(row, target, seq.params.prompt_logprobs)
-                            for row, target in zip(logits, targets[begin:begin + chunk])]
+                logits = self.model.compute_logits(hidden[self._tensor(rows[begin : begin + chunk])])
+                entries += [
+                    self._from_full_row(row, target, seq.params.prompt_logprobs)
+                    for row, target in zip(logits, targets[begin : begin + chunk])
+                ]
             _set_prompt_logprobs(seq, entries)
         if not on_device:
             return []
         rows, targets = _scored_positions(on_device)
-        num_top = np.repeat([seq.params.prompt_logprobs for seq, _ in on_device],
-                            [len(seq.prompt) - 1 for seq, _ in on_device])
+        num_top = np.repeat(
+            [seq.params.prompt_logprobs for seq, _ in on_device], [len(seq.prompt) - 1 for seq, _ in on_device]
+        )
         rows, targets, num_top = self._tensor(np.stack([rows, targets, num_top]))  # one upload
-        packed = self.prompt_packed[:len(rows)]
+        packed = self.prompt_packed[: len(rows)]
         for begin in range(0, len(rows), chunk):
             part = slice(begin, begin + chunk)
             out = self.prompt_logprobs.head(len(rows[part]))
-            reduce_logprobs(self.model.compute_logits(hidden[rows[part]]), targets[part], num_top[part], self.k_max,
-                            out=out)
+            reduce_logprobs(
+                self.model.compute_logits(hidden[rows[part]]), targets[part], num_top[part], self.k_max, out=out
+            )
             pack(targets[part], out, packed[part])
-        self.prompt_packed_host[:len(rows)].copy_(packed, non_blocking=True)
+        self.prompt_packed_host[: len(rows)].copy_(packed, non_blocking=True)
         self.stats.d2h_copies += 1
         self.stats.d2h_bytes += packed.numel() * packed.element_size()
         return [seq for seq, _ in on_device]
@@ -251,17 +266,17 @@ class ModelRunner:
             peak, tokens = logits.amax(dim=-1), sample(processed, params)
             lp_logits = torch.where(inp.processed[:batch, None] != 0, processed, logits)
         out = self.logprobs.head(batch)
-        reduce_logprobs(lp_logits, tokens, inp.num_top[:batch], self.k_max,
-                        row_mask=inp.wants_logprobs[:batch], out=out)
+        reduce_logprobs(
+            lp_logits, tokens, inp.num_top[:batch], self.k_max, row_mask=inp.wants_logprobs[:batch], out=out
+        )
         pack(tokens, out, packed[:batch], peak)
         return lp_logits
 
     def collect(self, step: StepInFlight) -> list[RowResult]:
         """Wait for a launched step's copy and turn its rows into results."""
         seqs, lp_logits = step.seqs, step.lp_logits
-        host = self._wait_for_copy(step)[:len(seqs)]
-        results = [RowResult(token, error=NOT_FINITE if status else None)
-                   for token, status in host[:, :2].tolist()]
+        host = self._wait_for_copy(step)[: len(seqs)]
+        results = [RowResult(token, error=NOT_FINITE if status else None) for token, status in host[:, :2].tolist()]
         on_device, on_host = [], []
         for i, seq in enumerate(seqs):
             if seq.params.logprobs is not None and not results[i].error:
@@ -287,7 +302,7 @@ class ModelRunner:
         vocabulary) and k above the static width, allowed only when max_logprobs is -1."""
         return self.lp_config.path == "host" or k == -1 or k > self.k_max
 
-    def _from_full_row(self, row: torch.Tensor, token: int, k: int) -> Optional[TokenLogprob]:
+    def _from_full_row(self, row: torch.Tensor, token: int, k: int) -> TokenLogprob | None:
         host_row = row.cpu()
         self.stats.d2h_copies += 1
         self.stats.d2h_bytes += host_row.numel() * host_row.element_size()
@@ -297,7 +312,7 @@ class ModelRunner:
         except ValueError:  # a row that is not finite: the request is failed by its caller
             return None
 
-    def _stage(self, seqs: list[Sequence], batch: int, prev_rows: Optional[list[int]] = None) -> None:
+    def _stage(self, seqs: list[Sequence], batch: int, prev_rows: list[int] | None = None) -> None:
         """Fill the rows (each feeding its last token, or with prev_rows the token the step in flight
         samples for that row) and padding up to `batch`, then copy them over."""
         # The last copy out of these rows must have run: it was queued right behind the step already
@@ -308,9 +323,15 @@ class ModelRunner:
         positions = [seq.num_tokens - 1 for seq in seqs]
         new_requests = {i: self._request_row(seq) for i, seq in enumerate(seqs) if self._staged_requests[i] is not seq}
         self.staging.fill(
-            len(seqs), batch, input_ids=[seq.last_token for seq in seqs], positions=positions,
+            len(seqs),
+            batch,
+            input_ids=[seq.last_token for seq in seqs],
+            positions=positions,
             slot_mapping=[seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)],
-            seq_lens=[p + 1 for p in positions], prev_rows=prev_rows or [-1] * len(seqs), requests=new_requests)
+            seq_lens=[p + 1 for p in positions],
+            prev_rows=prev_rows or [-1] * len(seqs),
+            requests=new_requests,
+        )
         self._staged_requests[:batch] = seqs + [None] * (batch - len(seqs))
         tables = self.staging.block_tables.numpy()
         for i, seq in enumerate(seqs):
@@ -318,7 +339,7 @@ class ModelRunner:
             # request, or this one readmitted after preemption: release() gives it a new list).
             staged_table, staged_len = self._staged_tables[i]
             if staged_table is not seq.block_table or staged_len != len(seq.block_table):
-                tables[i, :len(seq.block_table)] = seq.block_table
+                tables[i, : len(seq.block_table)] = seq.block_table
                 self._staged_tables[i] = (seq.block_table, len(seq.block_table))
         self.inputs.copy_from(self.staging, batch)
         if self._staging_copied is not None:
@@ -345,7 +366,7 @@ def _scored_positions(seqs_and_starts: list[tuple[Sequence, int]]) -> tuple[np.n
     return np.concatenate(rows), np.concatenate(targets)
 
 
-def _set_prompt_logprobs(seq: Sequence, entries: Seq[Optional[TokenLogprob]]) -> None:
+def _set_prompt_logprobs(seq: Sequence, entries: Seq[TokenLogprob | None]) -> None:
     seq.prompt_logprobs = entries
     if entries.count(None) > 1:  # beyond the first token's
         seq.error = NOT_FINITE

@@ -1,11 +1,13 @@
 """The public engine: load a model from YAML, accept requests, run continuous batching."""
+
 from __future__ import annotations
 
 import random
 import time
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Optional, Sequence as Seq, Union
+from typing import Any
 
 import torch
 from tqdm import tqdm
@@ -38,8 +40,10 @@ class Runtime:
         self.model = load_model(config.model, self.device, self.dtype)
         arch = self.model.config
         if engine.max_model_len > arch.max_position_embeddings:
-            raise ValueError(f"engine.max_model_len={engine.max_model_len} is out of range: must be <= "
-                             f"max_position_embeddings={arch.max_position_embeddings} of the model")
+            raise ValueError(
+                f"engine.max_model_len={engine.max_model_len} is out of range: must be <= "
+                f"max_position_embeddings={arch.max_position_embeddings} of the model"
+            )
         self.model.model.rotary.build_table(engine.max_model_len, self.device)
         num_blocks = self._num_kv_blocks()
         self.kv_cache = allocate_kv_cache(arch, num_blocks, engine.block_size, self.dtype, self.device)
@@ -48,10 +52,10 @@ class Runtime:
         self.eos_token_ids = set(arch.eos_token_ids)
         self._next_id = 0
         self.num_generated = 0
-        self._in_flight: Optional[_Launched] = None
+        self._in_flight: _Launched | None = None
 
     @classmethod
-    def from_yaml(cls, path: Union[str, Path], overrides: Optional[dict[str, Any]] = None) -> "Runtime":
+    def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Runtime:
         return cls(load_config(path, overrides))
 
     @property
@@ -61,9 +65,13 @@ class Runtime:
     def add_request(self, prompt: list[int], params: SamplingParams) -> int:
         """Queue a request and return its id; a bad request raises ValueError naming the parameter."""
         self._validate(prompt, params)
-        seq = Sequence(self._new_id(), list(prompt), params,
-                       seed=params.seed if params.seed is not None else random.getrandbits(63),
-                       arrival_time=time.perf_counter())
+        seq = Sequence(
+            self._new_id(),
+            list(prompt),
+            params,
+            seed=params.seed if params.seed is not None else random.getrandbits(63),
+            arrival_time=time.perf_counter(),
+        )
         self.scheduler.add(seq)
         return seq.request_id
 
@@ -100,7 +108,7 @@ class Runtime:
                 self._in_flight = self._launch(seqs, previous=current)
         return self._record(current.step.seqs, self.runner.collect(current.step), current.token_index)
 
-    def _launch(self, seqs: list[Sequence], previous: Optional[_Launched]) -> _Launched:
+    def _launch(self, seqs: list[Sequence], previous: _Launched | None) -> _Launched:
         rows = {id(seq): row for row, seq in enumerate(previous.step.seqs)} if previous else {}
         step = self.runner.launch_decode(seqs, [rows.get(id(seq), -1) for seq in seqs])
         token_index = [len(seq.output) for seq in seqs]
@@ -108,8 +116,9 @@ class Runtime:
             seq.output.append(PENDING)
         return _Launched(step, token_index)
 
-    def _record(self, seqs: list[Sequence], results: list[RowResult],
-                token_index: Optional[list[int]] = None) -> list[RequestOutput]:
+    def _record(
+        self, seqs: list[Sequence], results: list[RowResult], token_index: list[int] | None = None
+    ) -> list[RequestOutput]:
         """Each sequence's new token, logprobs and finish; token_index: the slots launched steps hold for
         them (an async sequence that ends here drops the slot of the step after, whose row is discarded)."""
         now = time.perf_counter()
@@ -130,7 +139,7 @@ class Runtime:
             reason = "error" if seq.error else self._finish_reason(seq, result.token_id)
             if reason:
                 if token_index is not None:
-                    del seq.output[token_index[i] + (not seq.error):]
+                    del seq.output[token_index[i] + (not seq.error) :]
                 seq.finish_reason, seq.finished_time = reason, now
                 self.scheduler.finish(seq)
                 finished.append(_to_output(seq))
@@ -141,8 +150,12 @@ class Runtime:
         """Steps, device-to-host copies and bytes, host synchronisations so far."""
         return self.runner.stats
 
-    def generate(self, prompts: Seq[list[int]], params: Union[SamplingParams, Seq[SamplingParams], None] = None,
-                 use_tqdm: bool = False) -> list[RequestOutput]:
+    def generate(
+        self,
+        prompts: Seq[list[int]],
+        params: SamplingParams | Seq[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
         """Run prompts to completion. A rejected request comes back with `error` set and no tokens;
         the others are served as usual. Outputs are in the order of `prompts`."""
         params = params or SamplingParams()
@@ -174,27 +187,26 @@ class Runtime:
             raise ValueError("prompt is empty: a request needs at least one prompt token id")
         max_len = self.config.engine.max_model_len
         if len(prompt) > max_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens: it must be at most "
-                             f"engine.max_model_len={max_len}")
+            raise ValueError(f"prompt has {len(prompt)} tokens: it must be at most engine.max_model_len={max_len}")
         vocab = self.vocab_size
         for name, ids in (("prompt", prompt), ("stop_token_ids", params.stop_token_ids)):
             for i, tok in enumerate(ids):
                 if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab:
-                    raise ValueError(f"{name}[{i}]={tok!r} is out of range: token ids must be "
-                                     f"integers in [0, {vocab})")
+                    raise ValueError(f"{name}[{i}]={tok!r} is out of range: token ids must be integers in [0, {vocab})")
         max_logprobs = self.config.logprobs.max_logprobs
         for name in ("logprobs", "prompt_logprobs"):
             value = getattr(params, name)
             if value is None:
                 continue
             if max_logprobs == -1 and not -1 <= value <= vocab:
-                raise ValueError(f"{name}={value} is out of range: must be in [-1, {vocab}] (-1: the whole "
-                                 f"vocabulary)")
+                raise ValueError(f"{name}={value} is out of range: must be in [-1, {vocab}] (-1: the whole vocabulary)")
             if max_logprobs != -1 and not 0 <= value <= max_logprobs:
-                raise ValueError(f"{name}={value} is out of range: must be in [0, {max_logprobs}] "
-                                 f"(logprobs.max_logprobs; -1, the full vocabulary, needs max_logprobs: -1)")
+                raise ValueError(
+                    f"{name}={value} is out of range: must be in [0, {max_logprobs}] "
+                    f"(logprobs.max_logprobs; -1, the full vocabulary, needs max_logprobs: -1)"
+                )
 
-    def _finish_reason(self, seq: Sequence, token: int) -> Optional[str]:
+    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
         p = seq.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             return "stop"
@@ -204,8 +216,7 @@ class Runtime:
         """Whether its output is at max_tokens or its tokens at max_model_len (`ahead`: not counting the
         last slot, which belongs to a step launched after the one being read)."""
         produced = len(seq.output) - ahead
-        return (produced >= seq.params.max_tokens
-                or len(seq.prompt) + produced >= self.config.engine.max_model_len)
+        return produced >= seq.params.max_tokens or len(seq.prompt) + produced >= self.config.engine.max_model_len
 
     def _num_kv_blocks(self) -> int:
         engine = self.config.engine
@@ -219,16 +230,25 @@ class Runtime:
                 blocks = min(blocks, int(free * engine.gpu_memory_utilization) // per_block)
         needed = cdiv(engine.max_model_len, engine.block_size)
         if blocks < needed:
-            raise ValueError(f"engine.num_kv_blocks={blocks} is too small: one max_model_len sequence "
-                             f"needs {needed} blocks of engine.block_size={engine.block_size}")
+            raise ValueError(
+                f"engine.num_kv_blocks={blocks} is too small: one max_model_len sequence "
+                f"needs {needed} blocks of engine.block_size={engine.block_size}"
+            )
         return blocks
 
 
 def _to_output(seq: Sequence) -> RequestOutput:
     wants_logprobs = seq.params.logprobs is not None
-    return RequestOutput(seq.request_id, seq.prompt, seq.output, seq.logprobs if wants_logprobs else None,
-                         seq.prompt_logprobs, seq.finish_reason, seq.error,
-                         RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finished_time))
+    return RequestOutput(
+        seq.request_id,
+        seq.prompt,
+        seq.output,
+        seq.logprobs if wants_logprobs else None,
+        seq.prompt_logprobs,
+        seq.finish_reason,
+        seq.error,
+        RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finished_time),
+    )
 
 
 def _resolve_device(name: str) -> torch.device:

@@ -4,6 +4,7 @@ Random rows use the Gumbel-max trick with noise that is a pure function of
 (request seed, position of the new token, token id): a request's tokens do not
 depend on the rest of the batch, and no shared generator state exists.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -1,4 +1,5 @@
 """Continuous batching: admit prompts while KV blocks allow, decode the running ones, preempt when full."""
+
 from __future__ import annotations
 
 from collections import deque

@@ -1,10 +1,11 @@
 """A request's state as it moves through the scheduler."""
+
 from __future__ import annotations
 
 from collections import abc
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING
 
 from qwen3_runtime.packing import StepLogprobs
 from qwen3_runtime.params import SamplingParams
@@ -31,14 +32,14 @@ class Sequence:
     seed: int  # the request's seed, or one drawn at submission
     output: list[int] = field(default_factory=list)
     logprobs: StepLogprobs = field(init=False)
-    prompt_logprobs: Optional[abc.Sequence[Optional[TokenLogprob]]] = None
+    prompt_logprobs: abc.Sequence[TokenLogprob | None] | None = None
     block_table: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
-    finish_reason: Optional[str] = None  # stop | length | error
-    error: Optional[str] = None
+    finish_reason: str | None = None  # stop | length | error
+    error: str | None = None
     arrival_time: float = 0.0
-    first_token_time: Optional[float] = None
-    finished_time: Optional[float] = None
+    first_token_time: float | None = None
+    finished_time: float | None = None
 
     def __post_init__(self) -> None:
         self.logprobs = StepLogprobs(self.params.logprobs or 0)
@@ -65,8 +66,8 @@ class RequestMetrics:
     """perf_counter() timestamps: TTFT = first_token_time - arrival_time."""
 
     arrival_time: float
-    first_token_time: Optional[float]
-    finished_time: Optional[float]
+    first_token_time: float | None
+    finished_time: float | None
 
 
 @dataclass
@@ -76,21 +77,21 @@ class RequestOutput:
     request_id: int
     prompt_token_ids: list[int]
     token_ids: list[int]
-    logprobs: Optional[abc.Sequence[Optional[TokenLogprob]]]
-    prompt_logprobs: Optional[abc.Sequence[Optional[TokenLogprob]]]
-    finish_reason: Optional[str]
-    error: Optional[str] = None
-    metrics: Optional[RequestMetrics] = None
+    logprobs: abc.Sequence[TokenLogprob | None] | None
+    prompt_logprobs: abc.Sequence[TokenLogprob | None] | None
+    finish_reason: str | None
+    error: str | None = None
+    metrics: RequestMetrics | None = None
 
     @property
-    def ttft(self) -> Optional[float]:
+    def ttft(self) -> float | None:
         """Seconds from arrival to the first token (None when none was produced)."""
         if self.metrics is None or self.metrics.first_token_time is None:
             return None
         return self.metrics.first_token_time - self.metrics.arrival_time
 
     @property
-    def tpot(self) -> Optional[float]:
+    def tpot(self) -> float | None:
         """Seconds per output token after the first (None with fewer than two tokens)."""
         if self.ttft is None or len(self.token_ids) < 2:
             return None

@@ -3,6 +3,7 @@ the weight-read floor and Hugging Face transformers' static-cache `generate`, al
 
 Usage: python -m scripts.bench_decode --config qwen3-4b --batch 1 8 32 64 [--quick] --out DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,8 +12,8 @@ import itertools
 import json
 import statistics
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import torch
@@ -41,10 +42,13 @@ def measure_tpot(rt: Runtime, batch: int, prompt_len: int, max_tokens: int, seed
             token_times.append(time.perf_counter())
     wall = time.perf_counter() - start
     tokens = sum(len(o.token_ids) for o in outs)
-    return {"batch": batch, "tpot_ms": 1e3 * statistics.median(o.tpot for o in outs),
-            "itl_ms": 1e3 * statistics.median(b - a for a, b in zip(token_times[1:], token_times[2:])),
-            "ttft_ms": 1e3 * statistics.median(o.ttft for o in outs),
-            "tokens_per_s": tokens / wall}
+    return {
+        "batch": batch,
+        "tpot_ms": 1e3 * statistics.median(o.tpot for o in outs),
+        "itl_ms": 1e3 * statistics.median(b - a for a, b in zip(token_times[1:], token_times[2:])),
+        "ttft_ms": 1e3 * statistics.median(o.ttft for o in outs),
+        "tokens_per_s": tokens / wall,
+    }
 
 
 def weight_bytes(model: Qwen3ForCausalLM) -> int:
@@ -56,9 +60,15 @@ def weight_bytes(model: Qwen3ForCausalLM) -> int:
 
 
 def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:
-    rt = Runtime.from_yaml(args.config, overrides={
-        "engine.max_model_len": 1024, "engine.max_num_seqs": max(args.batch),
-        "engine.cuda_graphs": mode != "eager", "engine.async_scheduling": mode == "graph-async"})
+    rt = Runtime.from_yaml(
+        args.config,
+        overrides={
+            "engine.max_model_len": 1024,
+            "engine.max_num_seqs": max(args.batch),
+            "engine.cuda_graphs": mode != "eager",
+            "engine.async_scheduling": mode == "graph-async",
+        },
+    )
     measure_tpot(rt, 2, 16, 4)  # warm-up: Triton compilation, allocator
     graphs = len(rt.runner.graphs.graphs)
     print(f"{args.config} {mode}: {graphs} CUDA graphs captured in {rt.runner.stats.capture_s:.1f} s", flush=True)
@@ -66,8 +76,11 @@ def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:
     for batch in args.batch:
         runs = [measure_tpot(rt, batch, args.prompt_len, args.max_tokens, seed=r) for r in range(args.repeats)]
         rows.append({"mode": mode, **_medians(runs), "graphs": graphs, "capture_s": rt.runner.stats.capture_s})
-        print(f"{args.config} {mode} batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms  ITL {rows[-1]['itl_ms']:.2f} "
-              f"ms  TTFT {rows[-1]['ttft_ms']:.1f} ms  {rows[-1]['tokens_per_s']:.0f} tok/s", flush=True)
+        print(
+            f"{args.config} {mode} batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms  ITL {rows[-1]['itl_ms']:.2f} "
+            f"ms  TTFT {rows[-1]['ttft_ms']:.1f} ms  {rows[-1]['tokens_per_s']:.0f} tok/s",
+            flush=True,
+        )
     nbytes = weight_bytes(rt.model)
     del rt
     gc.collect()
@@ -85,11 +98,12 @@ def transformers_static(args: argparse.Namespace) -> Iterator[dict]:
         # tokens, and a shorter warm-up left a recompilation inside the first measured run (H200: 488 ms
         # TPOT, and 20.7 ms in another, against 6.7).
         static_cache_tpot(model, batch, args.prompt_len, args.max_tokens)
-        runs = [static_cache_tpot(model, batch, args.prompt_len, args.max_tokens, seed=r)
-                for r in range(args.repeats)]
+        runs = [static_cache_tpot(model, batch, args.prompt_len, args.max_tokens, seed=r) for r in range(args.repeats)]
         row = {"mode": "transformers static cache", "batch": batch, **_medians(runs)}
-        print(f"transformers static cache batch {batch:3d}: TPOT {row['tpot_ms']:.2f} ms  "
-              f"ITL {row['itl_ms']:.2f} ms", flush=True)
+        print(
+            f"transformers static cache batch {batch:3d}: TPOT {row['tpot_ms']:.2f} ms  ITL {row['itl_ms']:.2f} ms",
+            flush=True,
+        )
         yield row
     del model
     gc.collect()
@@ -102,22 +116,32 @@ def _medians(runs: list[dict]) -> dict:
     return {**{k: statistics.median(r[k] for r in runs) for k in runs[0]}, "tpot_ms_runs": [r["tpot_ms"] for r in runs]}
 
 
-def write_result(args: argparse.Namespace, rows: list[dict], hf_rows: list[dict], nbytes: int,
-                 bandwidth: float) -> None:
+def write_result(
+    args: argparse.Namespace, rows: list[dict], hf_rows: list[dict], nbytes: int, bandwidth: float
+) -> None:
     """decode.json with every row so far and the ratios they allow, rewritten as rows arrive: a run
     stopped by a time limit keeps what it measured."""
     floor_ms = 1e3 * nbytes / bandwidth
     for row in rows + hf_rows:
         row["vs_floor"] = row["tpot_ms"] / floor_ms
-    for row, (mode, key) in itertools.product(hf_rows, (("graph", "speedup_of_ours"),
-                                                         ("graph-async", "speedup_of_async"))):
+    for row, (mode, key) in itertools.product(
+        hf_rows, (("graph", "speedup_of_ours"), ("graph-async", "speedup_of_async"))
+    ):
         ours_row = next((r for r in rows if r["mode"] == mode and r["batch"] == row["batch"]), None)
         if ours_row:
             row[key] = row["tpot_ms"] / ours_row["tpot_ms"]
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"config": args.config, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens,
-              "repeats": args.repeats, "weight_bytes": nbytes, "copy_bandwidth_bytes_s": bandwidth,
-              "floor_ms": floor_ms, "rows": rows + hf_rows, **environment()}
+    result = {
+        "config": args.config,
+        "prompt_len": args.prompt_len,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "weight_bytes": nbytes,
+        "copy_bandwidth_bytes_s": bandwidth,
+        "floor_ms": floor_ms,
+        "rows": rows + hf_rows,
+        **environment(),
+    }
     (args.out / "decode.json").write_text(json.dumps(result, indent=2))
 
 
@@ -125,17 +149,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="qwen3-4b")
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 32, 64])
-    parser.add_argument("--hf-batch", type=int, nargs="*", default=[1, 8, 32],
-                        help="batch sizes for transformers (none: skip it)")
+    parser.add_argument(
+        "--hf-batch", type=int, nargs="*", default=[1, 8, 32], help="batch sizes for transformers (none: skip it)"
+    )
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--modes", nargs="+", default=["graph-async", "graph", "eager"],
-                        choices=["graph", "graph-async", "eager"],
-                        help="graph-async: CUDA graphs with async scheduling (the engine's default); graph: CUDA "
-                             "graphs, synchronous steps; eager: neither")
-    parser.add_argument("--quick", action="store_true",
-                        help="32 tokens, one repetition, graph-async mode only, transformers at the first --hf-batch only")
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["graph-async", "graph", "eager"],
+        choices=["graph", "graph-async", "eager"],
+        help="graph-async: CUDA graphs with async scheduling (the engine's default); graph: CUDA "
+        "graphs, synchronous steps; eager: neither",
+    )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="32 tokens, one repetition, graph-async mode only, transformers at the first --hf-batch only",
+    )
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     if args.quick:
@@ -145,18 +177,24 @@ def main() -> None:
     for mode in args.modes:
         mode_rows, nbytes = ours(args, mode)
         rows += mode_rows
-    print(f"weight-read floor: {nbytes / 1e9:.2f} GB / {bandwidth / 1e12:.2f} TB/s = "
-          f"{1e3 * nbytes / bandwidth:.3f} ms", flush=True)
+    print(
+        f"weight-read floor: {nbytes / 1e9:.2f} GB / {bandwidth / 1e12:.2f} TB/s = {1e3 * nbytes / bandwidth:.3f} ms",
+        flush=True,
+    )
     hf_rows: list[dict] = []
     write_result(args, rows, hf_rows, nbytes, bandwidth)
     for row in transformers_static(args) if args.hf_batch else []:
         hf_rows.append(row)
         write_result(args, rows, hf_rows, nbytes, bandwidth)
-    for row, (mode, key) in itertools.product(hf_rows, (("graph", "speedup_of_ours"),
-                                                         ("graph-async", "speedup_of_async"))):
+    for row, (mode, key) in itertools.product(
+        hf_rows, (("graph", "speedup_of_ours"), ("graph-async", "speedup_of_async"))
+    ):
         if key in row:
-            print(f"batch {row['batch']}: ours ({mode}) {row['tpot_ms'] / row[key]:.2f} ms vs transformers "
-                  f"{row['tpot_ms']:.2f} ms = {row[key]:.2f}x", flush=True)
+            print(
+                f"batch {row['batch']}: ours ({mode}) {row['tpot_ms'] / row[key]:.2f} ms vs transformers "
+                f"{row['tpot_ms']:.2f} ms = {row[key]:.2f}x",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ attention's tile size and split count.
 
 Usage: python -m scripts.bench_kernels --out DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,10 @@ def gemm_rows(batches: list[int], bandwidth: float) -> list[dict]:
     the narrow ones (o_proj, down_proj)."""
     rows = []
     for (name, n, k), m in itertools.product(SHAPES, batches):
-        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-                   for _ in range(max(2, ROTATE_BYTES // (n * k * 2)))]
+        weights = [
+            torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+            for _ in range(max(2, ROTATE_BYTES // (n * k * 2)))
+        ]
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         if name in ("qkv", "gate_up"):
@@ -37,13 +40,22 @@ def gemm_rows(batches: list[int], bandwidth: float) -> list[dict]:
         else:
             ours = lambda w: linear_partials(x, w)  # noqa: E731
         floor = n * k * 2 / bandwidth * 1e6
-        row = {"shape": name, "n": n, "k": k, "m": m, "floor_us": floor,
-               "cublas_us": graph_us_per_call(lambda w: torch.mm(x, w.t(), out=out), weights),
-               "ours_us": graph_us_per_call(ours, weights)}
+        row = {
+            "shape": name,
+            "n": n,
+            "k": k,
+            "m": m,
+            "floor_us": floor,
+            "cublas_us": graph_us_per_call(lambda w: torch.mm(x, w.t(), out=out), weights),
+            "ours_us": graph_us_per_call(ours, weights),
+        }
         rows.append(row)
-        print(f"{name:8s} m={m:3d}: floor {floor:6.1f} us  cuBLAS {row['cublas_us']:6.1f} us "
-              f"({floor / row['cublas_us']:.0%})  ops.linear {row['ours_us']:6.1f} us "
-              f"({floor / row['ours_us']:.0%})", flush=True)
+        print(
+            f"{name:8s} m={m:3d}: floor {floor:6.1f} us  cuBLAS {row['cublas_us']:6.1f} us "
+            f"({floor / row['cublas_us']:.0%})  ops.linear {row['ours_us']:6.1f} us "
+            f"({floor / row['ours_us']:.0%})",
+            flush=True,
+        )
         del weights
     return rows
 
@@ -65,12 +77,28 @@ def attention_rows(bandwidth: float) -> list[dict]:
         for block_n, per_sm in itertools.product((16, 32, 64), (1, 2, 4)):
             decode_attention.BLOCK_N = block_n
             splits = decode_attention.default_num_splits(batch, kv_heads, 1024, num_sms, per_sm)
-            us = graph_us_per_call(lambda x: decode_attention.paged_decode_attention(
-                x, k_cache, v_cache, tables, seq_lens, dim ** -0.5, splits, arrivals=arrivals), q)
-            rows.append({"batch": batch, "seq_len": seq_len, "block_n": block_n, "programs_per_sm": per_sm,
-                         "splits": splits, "us": us, "floor_us": floor})
-            print(f"attention B={batch:2d} L={seq_len:4d} BLOCK_N={block_n:2d} per_sm={per_sm} splits={splits:2d}: "
-                  f"{us:6.1f} us (floor {floor:5.1f})", flush=True)
+            us = graph_us_per_call(
+                lambda x: decode_attention.paged_decode_attention(
+                    x, k_cache, v_cache, tables, seq_lens, dim**-0.5, splits, arrivals=arrivals
+                ),
+                q,
+            )
+            rows.append(
+                {
+                    "batch": batch,
+                    "seq_len": seq_len,
+                    "block_n": block_n,
+                    "programs_per_sm": per_sm,
+                    "splits": splits,
+                    "us": us,
+                    "floor_us": floor,
+                }
+            )
+            print(
+                f"attention B={batch:2d} L={seq_len:4d} BLOCK_N={block_n:2d} per_sm={per_sm} splits={splits:2d}: "
+                f"{us:6.1f} us (floor {floor:5.1f})",
+                flush=True,
+            )
     decode_attention.BLOCK_N = default_block_n
     return rows
 

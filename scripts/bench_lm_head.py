@@ -3,6 +3,7 @@ bf16 product, Qwen3-4B shape, per decode step.
 
 Usage: python -m scripts.bench_lm_head --out DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,14 +33,21 @@ def main() -> None:
         bf16_then_float = do_bench(lambda: F.linear(hidden, weight).float(), return_mode="median")
         exact = hidden.double() @ weight.double().t()
         err = lambda x: ((x.double() - exact).abs().max() / exact.abs().max()).item()
-        row = {"batch": batch, "fp32_out_us": 1e3 * fp32_out, "bf16_out_us": 1e3 * bf16_out,
-               "bf16_then_float_us": 1e3 * bf16_then_float,
-               "fp32_out_rel_err": err(torch.mm(hidden, weight.t(), out_dtype=torch.float32)),
-               "bf16_out_rel_err": err(F.linear(hidden, weight))}
+        row = {
+            "batch": batch,
+            "fp32_out_us": 1e3 * fp32_out,
+            "bf16_out_us": 1e3 * bf16_out,
+            "bf16_then_float_us": 1e3 * bf16_then_float,
+            "fp32_out_rel_err": err(torch.mm(hidden, weight.t(), out_dtype=torch.float32)),
+            "bf16_out_rel_err": err(F.linear(hidden, weight)),
+        }
         rows.append(row)
-        print(f"lm_head batch {batch:3d}: fp32 out {row['fp32_out_us']:.1f} us, bf16 out {row['bf16_out_us']:.1f} us, "
-              f"bf16 + .float() {row['bf16_then_float_us']:.1f} us; max rel err {row['fp32_out_rel_err']:.1e} vs "
-              f"{row['bf16_out_rel_err']:.1e}", flush=True)
+        print(
+            f"lm_head batch {batch:3d}: fp32 out {row['fp32_out_us']:.1f} us, bf16 out {row['bf16_out_us']:.1f} us, "
+            f"bf16 + .float() {row['bf16_then_float_us']:.1f} us; max rel err {row['fp32_out_rel_err']:.1e} vs "
+            f"{row['bf16_out_rel_err']:.1e}",
+            flush=True,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "lm_head.json").write_text(json.dumps({"rows": rows, **environment()}, indent=2))
 

@@ -15,6 +15,7 @@ per-kernel time breakdown; --set overrides the config of the main table.
 
 Writes DIR/reduce.json (every figure, GPU, versions, date, commit) and DIR/reduce.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -96,14 +97,17 @@ def host_us_per_call(x: torch.Tensor, k: int, repeats: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure(dtype_name: str, inputs: list[torch.Tensor], k: int, copy_bw: float, config: ReduceConfig,
-            host: bool) -> dict:
+def measure(
+    dtype_name: str, inputs: list[torch.Tensor], k: int, copy_bw: float, config: ReduceConfig, host: bool
+) -> dict:
     n_rows = inputs[0].shape[0]
     logits_bytes = n_rows * VOCAB * inputs[0].element_size()
     reduce_us = graph_us_per_call(reduce_step(n_rows, k, config), inputs)
     eager_us = graph_us_per_call(eager_step(n_rows, k), inputs)
     return {
-        "dtype": dtype_name, "n_rows": n_rows, "k": k,
+        "dtype": dtype_name,
+        "n_rows": n_rows,
+        "k": k,
         "reduce_us": reduce_us,
         "floor_us": logits_bytes / copy_bw * 1e6,
         "achieved_tb_s": logits_bytes / (reduce_us * 1e-6) / 1e12,
@@ -114,13 +118,18 @@ def measure(dtype_name: str, inputs: list[torch.Tensor], k: int, copy_bw: float,
 
 
 def markdown(rows: list[dict], copy_bw: float) -> str:
-    lines = [f"Device-to-device copy: {copy_bw / 1e12:.2f} TB/s (read + write). µs per call, V = {VOCAB}.", "",
-             "| logits | N | k | reduce µs | floor µs | achieved TB/s | eager PyTorch µs | speedup | host µs |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        f"Device-to-device copy: {copy_bw / 1e12:.2f} TB/s (read + write). µs per call, V = {VOCAB}.",
+        "",
+        "| logits | N | k | reduce µs | floor µs | achieved TB/s | eager PyTorch µs | speedup | host µs |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         host = f"{r['host_us']:.0f}" if r["host_us"] is not None else "-"
-        lines.append(f"| {r['dtype']} | {r['n_rows']} | {r['k']} | {r['reduce_us']:.1f} | {r['floor_us']:.2f} | "
-                     f"{r['achieved_tb_s']:.2f} | {r['eager_us']:.1f} | {r['speedup_vs_eager']:.1f}x | {host} |")
+        lines.append(
+            f"| {r['dtype']} | {r['n_rows']} | {r['k']} | {r['reduce_us']:.1f} | {r['floor_us']:.2f} | "
+            f"{r['achieved_tb_s']:.2f} | {r['eager_us']:.1f} | {r['speedup_vs_eager']:.1f}x | {host} |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -153,8 +162,9 @@ def run_sweep(sizes: list[int]) -> list[dict]:
             for config in SWEEP:
                 for k in (0, 5, 20):
                     us = graph_us_per_call(reduce_step(n_rows, k, config), inputs)
-                    rows.append({"config": str(asdict(config)), "dtype": dtype_name, "n_rows": n_rows, "k": k,
-                                 "reduce_us": us})
+                    rows.append(
+                        {"config": str(asdict(config)), "dtype": dtype_name, "n_rows": n_rows, "k": k, "reduce_us": us}
+                    )
                     print(sweep_markdown(rows[-1:]).splitlines()[-1], flush=True)
             del inputs
     return rows
@@ -179,11 +189,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", type=Path, required=True, help="directory for reduce.json and reduce.md")
     parser.add_argument("--quick", action="store_true", help="a subset (< 1 min)")
-    parser.add_argument("--sweep", action="store_true",
-                        help="also compare the SWEEP configs at N = 32 and 256")
+    parser.add_argument("--sweep", action="store_true", help="also compare the SWEEP configs at N = 32 and 256")
     parser.add_argument("--jobs", type=int, default=min(16, os.cpu_count() or 1), help="parallel compiles")
-    parser.add_argument("--set", action="append", default=[], metavar="FIELD=INT",
-                        help="override a ReduceConfig field for the main table, e.g. --set finish_warps=8")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=INT",
+        help="override a ReduceConfig field for the main table, e.g. --set finish_warps=8",
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     overrides = {field: int(value) for field, value in (item.split("=", 1) for item in args.set)}
@@ -197,7 +211,10 @@ def main() -> None:
     copy_bw = copy_bandwidth()
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s", flush=True)
     meta = {
-        **environment(), "vocab": VOCAB, "config": asdict(config), "copy_bandwidth_bytes_s": copy_bw,
+        **environment(),
+        "vocab": VOCAB,
+        "config": asdict(config),
+        "copy_bandwidth_bytes_s": copy_bw,
     }
     report = {"results": [], "sweep": [], "kernel_breakdown": []}
 
@@ -207,17 +224,26 @@ def main() -> None:
         if report["sweep"]:
             table += "\nConfig sweep:\n\n" + sweep_markdown(report["sweep"])
         if report["kernel_breakdown"]:
-            table += "\nKernel breakdown (default config, fp32, µs per kernel):\n\n" + "\n".join(
-                f"- N={b['n_rows']} k={b['k']}: " + ", ".join(f"{name} {us:.1f}" for name, us in b["kernel_us"].items())
-                for b in report["kernel_breakdown"]) + "\n"
+            table += (
+                "\nKernel breakdown (default config, fp32, µs per kernel):\n\n"
+                + "\n".join(
+                    f"- N={b['n_rows']} k={b['k']}: "
+                    + ", ".join(f"{name} {us:.1f}" for name, us in b["kernel_us"].items())
+                    for b in report["kernel_breakdown"]
+                )
+                + "\n"
+            )
         args.out.mkdir(parents=True, exist_ok=True)
         (args.out / "reduce.json").write_text(json.dumps({**meta, **report}, indent=1))
         (args.out / "reduce.md").write_text(table)
         return table
 
     if args.sweep:
-        report["kernel_breakdown"] = [{"n_rows": n, "k": k, "dtype": "fp32", "kernel_us": kernel_breakdown(n, k, config)}
-                                      for n in (1, 32, 256) for k in (0, 20)]
+        report["kernel_breakdown"] = [
+            {"n_rows": n, "k": k, "dtype": "fp32", "kernel_us": kernel_breakdown(n, k, config)}
+            for n in (1, 32, 256)
+            for k in (0, 20)
+        ]
         report["sweep"] = run_sweep(sweep_sizes)
         save()
     for dtype_name, dtype in DTYPES.items():
@@ -229,6 +255,7 @@ def main() -> None:
             del inputs
             save()
     print(save())
+
 
 if __name__ == "__main__":
     main()

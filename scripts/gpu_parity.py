@@ -3,6 +3,7 @@ transformers, loaded by both; logits of a prefill and of a paged decode step com
 
 Usage: python -m scripts.gpu_parity --config qwen3-0.6b --out DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,12 @@ def compare(path: Path, prompt_len: int) -> dict:
         ref = theirs(ids[None]).logits[0].float()
         meta = AttentionMetadata(slot_mapping=slots[:-1], cu_seqlens=[0, n - 1])
         prefill = ours.compute_logits(ours(ids[:-1], pos[:-1], kv, meta))
-        meta = AttentionMetadata(slot_mapping=slots[-1:], block_tables=table[None].int(),
-                                 seq_lens=torch.tensor([n], dtype=torch.int32, device=device), num_splits=4)
+        meta = AttentionMetadata(
+            slot_mapping=slots[-1:],
+            block_tables=table[None].int(),
+            seq_lens=torch.tensor([n], dtype=torch.int32, device=device),
+            num_splits=4,
+        )
         decode = ours.compute_logits(ours(ids[-1:], pos[-1:], kv, meta))
     ours_all = torch.cat([prefill, decode])
     diff = (ours_all - ref).abs()
@@ -68,9 +73,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         write_checkpoint(args.config, Path(tmp), args.layers)
         result = {"config": args.config, "dtype": "bfloat16", **compare(Path(tmp), args.prompt_len), **environment()}
-    print(f"bf16 parity vs transformers ({args.config}): max rel err {result['max_rel_err']:.2e} "
-          f"(decode {result['decode_max_rel_err']:.2e}), mean abs err {result['mean_abs_err']:.2e}, "
-          f"argmax agreement {100 * result['argmax_agreement']:.1f}%")
+    print(
+        f"bf16 parity vs transformers ({args.config}): max rel err {result['max_rel_err']:.2e} "
+        f"(decode {result['decode_max_rel_err']:.2e}), mean abs err {result['mean_abs_err']:.2e}, "
+        f"argmax agreement {100 * result['argmax_agreement']:.1f}%"
+    )
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "parity.json").write_text(json.dumps(result, indent=2))
 

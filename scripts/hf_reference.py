@@ -1,5 +1,6 @@
 """Hugging Face transformers as the yardstick: the same Qwen3 shape as one of our configs, random
 weights, and its static-cache `generate` (auto-compiled by transformers) timed token by token."""
+
 from __future__ import annotations
 
 import statistics
@@ -14,11 +15,18 @@ def hf_config(arch: ArchitectureConfig, layers: int | None = None):
     import transformers
 
     return transformers.Qwen3Config(
-        vocab_size=arch.vocab_size, hidden_size=arch.hidden_size, intermediate_size=arch.intermediate_size,
-        num_hidden_layers=layers or arch.num_hidden_layers, num_attention_heads=arch.num_attention_heads,
-        num_key_value_heads=arch.num_key_value_heads, head_dim=arch.head_dim, rms_norm_eps=arch.rms_norm_eps,
+        vocab_size=arch.vocab_size,
+        hidden_size=arch.hidden_size,
+        intermediate_size=arch.intermediate_size,
+        num_hidden_layers=layers or arch.num_hidden_layers,
+        num_attention_heads=arch.num_attention_heads,
+        num_key_value_heads=arch.num_key_value_heads,
+        head_dim=arch.head_dim,
+        rms_norm_eps=arch.rms_norm_eps,
         rope_parameters={"rope_type": "default", "rope_theta": arch.rope_theta},
-        max_position_embeddings=arch.max_position_embeddings, tie_word_embeddings=arch.tie_word_embeddings)
+        max_position_embeddings=arch.max_position_embeddings,
+        tie_word_embeddings=arch.tie_word_embeddings,
+    )
 
 
 def random_hf_model(arch: ArchitectureConfig, layers: int | None = None, seed: int = 0):
@@ -52,9 +60,15 @@ def static_cache_tpot(model, batch: int, prompt_len: int, max_tokens: int, seed:
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), device="cuda", generator=gen)
     clock = _TokenClock()
     with torch.inference_mode():
-        model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_tokens,
-                       do_sample=False, cache_implementation="static",
-                       pad_token_id=0, streamer=clock)
+        model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_tokens,
+            do_sample=False,
+            cache_implementation="static",
+            pad_token_id=0,
+            streamer=clock,
+        )
     tokens = clock.times[1:]  # times[0]: the prompt
     gaps = [b - a for a, b in zip(tokens[1:], tokens[2:])]
     return {"tpot_ms": 1e3 * (tokens[-1] - tokens[0]) / (len(tokens) - 1), "itl_ms": 1e3 * statistics.median(gaps)}

@@ -3,6 +3,7 @@ the replay time, and the engine's wall time per step (with async scheduling the 
 
 Usage: python -m scripts.profile_decode --config qwen3-4b --batch 1 32 --out DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -26,8 +27,13 @@ def _kernel_family(name: str) -> str:
     if name.startswith("_"):  # ours (Triton)
         return name
     lowered = name.lower()
-    for key, family in (("gemm", "gemm (cuBLAS)"), ("gemv", "gemm (cuBLAS)"), ("nvjet", "gemm (cuBLAS)"),
-                        ("sm90", "gemm (cuBLAS)"), ("splitkreduce", "gemm (cuBLAS)")):
+    for key, family in (
+        ("gemm", "gemm (cuBLAS)"),
+        ("gemv", "gemm (cuBLAS)"),
+        ("nvjet", "gemm (cuBLAS)"),
+        ("sm90", "gemm (cuBLAS)"),
+        ("splitkreduce", "gemm (cuBLAS)"),
+    ):
         if key in lowered:
             return family
     return name.split("(")[0].split("<")[0][:60]
@@ -64,12 +70,21 @@ def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int, logpro
         entry = per_family[_kernel_family(e["name"])]
         entry[0] += 1
         entry[1] += e["dur"]
-    kernels = sorted(({"kernel": k, "launches": n / profiled, "us": us / profiled}
-                      for k, (n, us) in per_family.items()), key=lambda r: -r["us"])
+    kernels = sorted(
+        ({"kernel": k, "launches": n / profiled, "us": us / profiled} for k, (n, us) in per_family.items()),
+        key=lambda r: -r["us"],
+    )
     kernel_ms = sum(k["us"] for k in kernels) / 1e3
     finish_batch(rt)
-    return {"batch": batch, "logprobs": logprobs, "wall_ms": wall_ms, "replay_ms": replay_ms, "kernel_ms": kernel_ms,
-            "launches": sum(k["launches"] for k in kernels), "kernels": kernels}
+    return {
+        "batch": batch,
+        "logprobs": logprobs,
+        "wall_ms": wall_ms,
+        "replay_ms": replay_ms,
+        "kernel_ms": kernel_ms,
+        "launches": sum(k["launches"] for k in kernels),
+        "kernels": kernels,
+    }
 
 
 def main() -> None:
@@ -86,13 +101,15 @@ def main() -> None:
     for batch in args.batch:
         row = profile_batch(rt, batch, args.prompt_len, args.replays, args.logprobs)
         rows.append(row)
-        print(f"batch {batch}: wall {row['wall_ms']:.3f} ms/step, replay {row['replay_ms']:.3f} ms, kernels "
-              f"{row['kernel_ms']:.3f} ms in {row['launches']:.0f} launches", flush=True)
+        print(
+            f"batch {batch}: wall {row['wall_ms']:.3f} ms/step, replay {row['replay_ms']:.3f} ms, kernels "
+            f"{row['kernel_ms']:.3f} ms in {row['launches']:.0f} launches",
+            flush=True,
+        )
         for k in row["kernels"][:25]:
             print(f"  {k['us']:9.1f} us  {k['launches']:6.1f}x  {k['kernel']}")
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "profile.json").write_text(json.dumps({"config": args.config, "rows": rows, **environment()},
-                                                      indent=2))
+    (args.out / "profile.json").write_text(json.dumps({"config": args.config, "rows": rows, **environment()}, indent=2))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,11 @@
 """An independent count of what crosses to the host: torch.profiler's trace of engine steps."""
+
 from __future__ import annotations
 
 import json
 import tempfile
-from typing import Optional
 
 import numpy as np
-import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from qwen3_runtime import Runtime, SamplingParams
@@ -28,8 +27,7 @@ def profiled_runtime(config: str, batches: list[int]) -> Runtime:
     return Runtime.from_yaml(config, overrides={"engine.max_model_len": 1024, "engine.max_num_seqs": max(batches)})
 
 
-def start_batch(rt: Runtime, batch: int, prompt_len: int, decode_steps: int,
-                logprobs: Optional[int] = None) -> None:
+def start_batch(rt: Runtime, batch: int, prompt_len: int, decode_steps: int, logprobs: int | None = None) -> None:
     """`batch` random greedy prompts (seeded by the batch size) prefilled, then `decode_steps` decode steps:
     a running batch to profile. `finish_batch` ends it."""
     for prompt in np.random.default_rng(batch).integers(0, rt.vocab_size, (batch, prompt_len)).tolist():
@@ -57,9 +55,15 @@ def profile_steps(rt: Runtime, steps: int) -> tuple[list[int], int]:
                 rt.step()
     trace = trace_events(prof)
     start = next(e["ts"] for e in trace if e.get("name") == "engine_step_1")
-    issued_at = {e["args"]["correlation"]: e["ts"] for e in trace
-                 if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})}
-    copies = [e["args"].get("bytes", -1) for e in trace if e.get("cat") == "gpu_memcpy" and "DtoH" in e["name"]
-              and issued_at[e["args"]["correlation"]] >= start]
+    issued_at = {
+        e["args"]["correlation"]: e["ts"]
+        for e in trace
+        if e.get("cat") in ("cuda_runtime", "cuda_driver") and "correlation" in e.get("args", {})
+    }
+    copies = [
+        e["args"].get("bytes", -1)
+        for e in trace
+        if e.get("cat") == "gpu_memcpy" and "DtoH" in e["name"] and issued_at[e["args"]["correlation"]] >= start
+    ]
     syncs = sum(e.get("name") in _SYNCS and e["ts"] >= start for e in trace)
     return copies, syncs

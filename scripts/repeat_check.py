@@ -6,6 +6,7 @@ new allocations and the allocator's free blocks with NaN, `dirty` leaves random 
 
 Usage: python -m scripts.repeat_check --config qwen3-0.6b --repeats 15 --modes graph eager async host poison dirty
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,7 +41,7 @@ def report_differences(label: str, first: list[tuple], got: list[tuple], limit: 
                 pairs = [("", x, y)]
             else:
                 pairs = [(f"[{i}]", u, v) for i, (u, v) in enumerate(zip(x, y)) if u != v]
-            for where, u, v in pairs[:max(0, limit - shown)]:
+            for where, u, v in pairs[: max(0, limit - shown)]:
                 print(f"  {label}: request {request} {field}{where}\n    first {u}\n    now   {v}")
                 shown += 1
     return shown > 0
@@ -61,8 +62,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--config", default="qwen3-0.6b")
     parser.add_argument("--repeats", type=int, default=15)
-    parser.add_argument("--modes", nargs="+", default=["graph", "eager", "async", "host", "poison", "dirty"],
-                        choices=[*GPU_MODES, *MEMORY_MODES])
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        default=["graph", "eager", "async", "host", "poison", "dirty"],
+        choices=[*GPU_MODES, *MEMORY_MODES],
+    )
     args = parser.parse_args()
     first = {}  # the first run's fingerprints: exact (True) and ids only (False)
     failed = 0

@@ -1,4 +1,5 @@
 """What every benchmark result records about where and when it was measured."""
+
 from __future__ import annotations
 
 import datetime
@@ -11,8 +12,9 @@ import triton
 
 def environment() -> dict:
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=True).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True
+        ).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         commit = os.environ.get("GIT_COMMIT", "unknown")  # the device machine gets no .git
     return {

@@ -7,6 +7,7 @@ dependent kernel got resident.
 
 Usage: python -m scripts.step_timeline --config qwen3-4b --batch 1 8 32 --out DIR
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,16 @@ from qwen3_runtime.runner import GREEDY
 from scripts.profiling import finish_batch, profiled_runtime, start_batch, trace_events
 from scripts.report import environment
 
-LAYER = ("input norm", "qkv", "attention inputs", "attention", "o_proj", "post-attention norm", "gate/up",
-         "down")  # a layer's kernels, in launch order
+LAYER = (
+    "input norm",
+    "qkv",
+    "attention inputs",
+    "attention",
+    "o_proj",
+    "post-attention norm",
+    "gate/up",
+    "down",
+)  # a layer's kernels, in launch order
 
 
 def critical_path(events: list[dict]) -> dict:
@@ -42,11 +51,13 @@ def critical_path(events: list[dict]) -> dict:
     last = first + len(LAYER) * layers
     layer = np.mean([deltas[m] for m in middle], axis=0)
     layer_starts = np.mean([leads[m] for m in middle], axis=0)
-    return {"layer": [[role, names[first + k], float(layer[k])] for k, role in enumerate(LAYER)],
-            "layer_starts": [[role, float(layer_starts[k])] for k, role in enumerate(LAYER)],
-            "head": [[names[i], float(deltas[i])] for i in range(first)],
-            "tail": [[names[i], float(deltas[i])] for i in range(last, len(names))],
-            "step_us": float(np.median([_ends(s)[-1] - s[0]["ts"] for s in steps]))}
+    return {
+        "layer": [[role, names[first + k], float(layer[k])] for k, role in enumerate(LAYER)],
+        "layer_starts": [[role, float(layer_starts[k])] for k, role in enumerate(LAYER)],
+        "head": [[names[i], float(deltas[i])] for i in range(first)],
+        "tail": [[names[i], float(deltas[i])] for i in range(last, len(names))],
+        "step_us": float(np.median([_ends(s)[-1] - s[0]["ts"] for s in steps])),
+    }
 
 
 def _ends(step: list[dict]) -> np.ndarray:
@@ -90,11 +101,15 @@ def main() -> None:
         row = timeline(rt, batch, args.prompt_len, args.decode_steps)
         rows.append(row)
         layer = sum(us for *_, us in row["layer"])
-        print(f"batch {batch}: step {row['step_us']:.1f} us, a middle layer {layer:.2f} us: "
-              + ", ".join(f"{role} ({kernel}) {us:.2f}" for role, kernel, us in row["layer"]), flush=True)
+        print(
+            f"batch {batch}: step {row['step_us']:.1f} us, a middle layer {layer:.2f} us: "
+            + ", ".join(f"{role} ({kernel}) {us:.2f}" for role, kernel, us in row["layer"]),
+            flush=True,
+        )
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "timeline.json").write_text(json.dumps({"config": args.config, "rows": rows, **environment()},
-                                                       indent=1))
+    (args.out / "timeline.json").write_text(
+        json.dumps({"config": args.config, "rows": rows, **environment()}, indent=1)
+    )
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
 """GPU timing shared by the benchmarks: CUDA-graph replay medians and the copy bandwidth ceiling."""
+
 from __future__ import annotations
 
 import statistics

@@ -1,6 +1,6 @@
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import pytest
 import torch
@@ -10,10 +10,20 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
-def _write_checkpoint(path: Path, *, tie_word_embeddings: bool = True, num_key_value_heads: int = 2,
-                      num_attention_heads: int = 4, head_dim: int = 24, hidden_size: int = 64,
-                      num_hidden_layers: int = 2, vocab_size: int = 512, seed: int = 0,
-                      max_shard_size: str | None = None, dtype: torch.dtype = torch.float32) -> Path:
+def _write_checkpoint(
+    path: Path,
+    *,
+    tie_word_embeddings: bool = True,
+    num_key_value_heads: int = 2,
+    num_attention_heads: int = 4,
+    head_dim: int = 24,
+    hidden_size: int = 64,
+    num_hidden_layers: int = 2,
+    vocab_size: int = 512,
+    seed: int = 0,
+    max_shard_size: str | None = None,
+    dtype: torch.dtype = torch.float32,
+) -> Path:
     """A random Qwen3 checkpoint written by transformers itself, the parity reference.
 
     head_dim 24 with 4 heads (96) differs from hidden_size 64, as in the real models."""
@@ -21,11 +31,20 @@ def _write_checkpoint(path: Path, *, tie_word_embeddings: bool = True, num_key_v
 
     torch.manual_seed(seed)
     config = transformers.Qwen3Config(
-        vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size + 8,
-        num_hidden_layers=num_hidden_layers, num_attention_heads=num_attention_heads,
-        num_key_value_heads=num_key_value_heads, head_dim=head_dim, max_position_embeddings=512,
-        tie_word_embeddings=tie_word_embeddings, eos_token_id=None, bos_token_id=None,
-        pad_token_id=None, initializer_range=0.05)
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size + 8,
+        num_hidden_layers=num_hidden_layers,
+        num_attention_heads=num_attention_heads,
+        num_key_value_heads=num_key_value_heads,
+        head_dim=head_dim,
+        max_position_embeddings=512,
+        tie_word_embeddings=tie_word_embeddings,
+        eos_token_id=None,
+        bos_token_id=None,
+        pad_token_id=None,
+        initializer_range=0.05,
+    )
     model = transformers.Qwen3ForCausalLM(config).to(dtype)
     with torch.no_grad():  # norms other than the identity, as in trained checkpoints
         for name, param in model.named_parameters():

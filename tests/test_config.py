@@ -26,22 +26,25 @@ def test_overrides_from_python_and_cli_text():
     assert parse_override("generate.prompts=[[1,2],[3]]") == ("generate.prompts", [[1, 2], [3]])
 
 
-@pytest.mark.parametrize("overrides, words", [
-    ({"logprobs.pathh": "host"}, ["logprobs.pathh"]),
-    ({"engine.bogus": 1}, ["engine.bogus"]),
-    ({"logprobs.path": "gpu"}, ["logprobs.path", "'gpu'", "device", "host"]),
-    ({"engine.block_size": "16"}, ["engine.block_size", "'16'", "int"]),
-    ({"engine.max_num_seqs": 0}, ["engine.max_num_seqs", "0", ">= 1"]),
-    ({"engine.gpu_memory_utilization": 1.5}, ["engine.gpu_memory_utilization", "1.5", "<= 1"]),
-    ({"engine.max_num_batched_tokens": 8}, ["engine.max_num_batched_tokens", "max_model_len"]),
-    ({"logprobs.max_logprobs": -2}, ["logprobs.max_logprobs", "-2", ">= -1"]),
-    ({"model.architecture.num_key_value_heads": 3}, ["model.architecture.num_attention_heads", "3"]),
-    ({"generate.sampling.temperature": -1}, ["generate.sampling.temperature", "-1", ">= 0"]),
-    ({"generate.sampling.top_p": 0}, ["generate.sampling.top_p", "(0, 1]"]),
-    ({"generate.prompts": [[1, "x"]]}, ["generate.prompts[0][1]", "'x'"]),
-    ({"model.architecture": None}, ["model.path", "model.architecture"]),
-    ({"engine.device": "tpu"}, ["engine.device", "tpu"]),
-])
+@pytest.mark.parametrize(
+    "overrides, words",
+    [
+        ({"logprobs.pathh": "host"}, ["logprobs.pathh"]),
+        ({"engine.bogus": 1}, ["engine.bogus"]),
+        ({"logprobs.path": "gpu"}, ["logprobs.path", "'gpu'", "device", "host"]),
+        ({"engine.block_size": "16"}, ["engine.block_size", "'16'", "int"]),
+        ({"engine.max_num_seqs": 0}, ["engine.max_num_seqs", "0", ">= 1"]),
+        ({"engine.gpu_memory_utilization": 1.5}, ["engine.gpu_memory_utilization", "1.5", "<= 1"]),
+        ({"engine.max_num_batched_tokens": 8}, ["engine.max_num_batched_tokens", "max_model_len"]),
+        ({"logprobs.max_logprobs": -2}, ["logprobs.max_logprobs", "-2", ">= -1"]),
+        ({"model.architecture.num_key_value_heads": 3}, ["model.architecture.num_attention_heads", "3"]),
+        ({"generate.sampling.temperature": -1}, ["generate.sampling.temperature", "-1", ">= 0"]),
+        ({"generate.sampling.top_p": 0}, ["generate.sampling.top_p", "(0, 1]"]),
+        ({"generate.prompts": [[1, "x"]]}, ["generate.prompts[0][1]", "'x'"]),
+        ({"model.architecture": None}, ["model.path", "model.architecture"]),
+        ({"engine.device": "tpu"}, ["engine.device", "tpu"]),
+    ],
+)
 def test_bad_values_name_the_dotted_key(overrides, words):
     with pytest.raises(ConfigError) as err:
         load_config("tiny", overrides)

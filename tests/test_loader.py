@@ -55,14 +55,26 @@ def test_missing_unexpected_and_misshaped_tensors_are_named(make_checkpoint):
     _edit(path, lambda t: t.update(original, **{"model.layers.0.mlp.extra.weight": torch.zeros(2)}))
     with pytest.raises(CheckpointError, match=r"unexpected tensor 'model.layers.0.mlp.extra.weight'"):
         _load(path)
-    _edit(path, lambda t: (t.clear(), t.update(original, **{"model.layers.0.self_attn.v_proj.weight": torch.zeros(3, 64)})))
-    with pytest.raises(CheckpointError, match=r"'model.layers.0.self_attn.v_proj.weight' has shape \(3, 64\), expected \(48, 64\)"):
+    _edit(
+        path,
+        lambda t: (t.clear(), t.update(original, **{"model.layers.0.self_attn.v_proj.weight": torch.zeros(3, 64)})),
+    )
+    with pytest.raises(
+        CheckpointError, match=r"'model.layers.0.self_attn.v_proj.weight' has shape \(3, 64\), expected \(48, 64\)"
+    ):
         _load(path)
 
 
 def test_random_weights_are_seeded_and_respect_tying():
-    arch = ArchitectureConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                              num_attention_heads=2, num_key_value_heads=1, head_dim=8)
+    arch = ArchitectureConfig(
+        vocab_size=64,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+    )
     a = load_model(ModelConfig(architecture=arch, seed=3), torch.device("cpu"), torch.float32)
     b = load_model(ModelConfig(architecture=arch, seed=3), torch.device("cpu"), torch.float32)
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):

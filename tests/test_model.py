@@ -1,4 +1,5 @@
 """Parity with transformers' Qwen3ForCausalLM on tiny random checkpoints (fp32, CPU)."""
+
 import pytest
 import torch
 
@@ -43,8 +44,12 @@ def test_prefill_and_decode_logits_match_transformers(make_checkpoint, shape):
         # Prefill all but the last token, then decode the last one through the paged cache.
         meta = AttentionMetadata(slot_mapping=slots[:-1], cu_seqlens=[0, n - 1])
         prefill = ours.compute_logits(ours(ids[:-1], torch.arange(n - 1), kv, meta))
-        meta = AttentionMetadata(slot_mapping=slots[-1:], block_tables=table[None].int(),
-                                 seq_lens=torch.tensor([n], dtype=torch.int32), num_splits=3)
+        meta = AttentionMetadata(
+            slot_mapping=slots[-1:],
+            block_tables=table[None].int(),
+            seq_lens=torch.tensor([n], dtype=torch.int32),
+            num_splits=3,
+        )
         decode = ours.compute_logits(ours(ids[-1:], torch.tensor([n - 1]), kv, meta))
     assert _rel_err(prefill, ref[:-1]) <= 1e-4
     assert _rel_err(decode, ref[-1:]) <= 1e-4

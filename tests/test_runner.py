@@ -1,4 +1,5 @@
 """The runner through the public API: logprobs on both paths, prompt logprobs, padding, counters."""
+
 import math
 
 import pytest
@@ -11,10 +12,18 @@ from scripts.profiling import profile_steps
 MIXED = [
     ([5, 17, 300, 2], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=5)),
     (list(range(40, 71)), SamplingParams(max_tokens=9, temperature=0, ignore_eos=True)),
-    ([7] * 13, SamplingParams(max_tokens=10, temperature=0.8, top_k=40, seed=3, ignore_eos=True, logprobs=0,
-                              prompt_logprobs=3)),
-    ([9, 9, 1], SamplingParams(max_tokens=7, temperature=1.0, top_p=0.9, seed=4, ignore_eos=True, logprobs=20,
-                               logprobs_mode="processed")),
+    (
+        [7] * 13,
+        SamplingParams(
+            max_tokens=10, temperature=0.8, top_k=40, seed=3, ignore_eos=True, logprobs=0, prompt_logprobs=3
+        ),
+    ),
+    (
+        [9, 9, 1],
+        SamplingParams(
+            max_tokens=7, temperature=1.0, top_p=0.9, seed=4, ignore_eos=True, logprobs=20, logprobs_mode="processed"
+        ),
+    ),
     ([100, 200], SamplingParams(max_tokens=11, temperature=0, ignore_eos=True, logprobs=1, prompt_logprobs=0)),
 ]
 
@@ -48,8 +57,9 @@ def _run_joining(rt, requests):
 def test_device_and_host_paths_agree_on_a_mixed_batch(make_runtime, tiny_checkpoint, triton_kernels):
     overrides = dict(engine__cuda_graph_buckets=[1, 2, 4, 8], logprobs__prompt_chunk_size=8)
     device = _run_joining(make_runtime(tiny_checkpoint, triton_kernels=triton_kernels, **overrides), MIXED)
-    host = _run_joining(make_runtime(tiny_checkpoint, triton_kernels=triton_kernels, logprobs__path="host",
-                                     **overrides), MIXED)
+    host = _run_joining(
+        make_runtime(tiny_checkpoint, triton_kernels=triton_kernels, logprobs__path="host", **overrides), MIXED
+    )
     for (prompt, params), d, h in zip(MIXED, device, host):
         assert d.token_ids == h.token_ids and len(d.token_ids) == params.max_tokens
         if params.logprobs is None:
@@ -90,8 +100,10 @@ def test_prompt_logprobs_of_both_paths_in_one_prefill(make_runtime, tiny_checkpo
     rt = make_runtime(tiny_checkpoint, logprobs__max_logprobs=-1, logprobs__prompt_chunk_size=6)
     host = make_runtime(tiny_checkpoint, logprobs__path="host")
     prompts = [[5, 9, 2, 7], list(range(30, 60))]
-    params = [SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=-1),
-              SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=3)]
+    params = [
+        SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=-1),
+        SamplingParams(max_tokens=1, temperature=0, prompt_logprobs=3),
+    ]
     full, device = rt.generate(prompts, params)
     ref = host.generate([prompts[1]], params[1])[0]
     assert not device.error and len(device.prompt_logprobs) == 30 and device.prompt_logprobs[0] is None
@@ -109,8 +121,9 @@ def test_raw_and_processed_modes(make_runtime, tiny_checkpoint):
     # Temperature 0.5 sharpens the distribution: the sampled tokens gain log-probability.
     for a, b in zip(raw.logprobs, processed.logprobs):
         assert b.logsumexp != a.logsumexp and b.top_ids == a.top_ids
-        assert math.isclose(b.top_logprobs[0] - b.top_logprobs[1], 2 * (a.top_logprobs[0] - a.top_logprobs[1]),
-                            rel_tol=1e-4)
+        assert math.isclose(
+            b.top_logprobs[0] - b.top_logprobs[1], 2 * (a.top_logprobs[0] - a.top_logprobs[1]), rel_tol=1e-4
+        )
     default_processed = make_runtime(tiny_checkpoint, logprobs__mode="processed")
     again = default_processed.generate([[1, 2, 3]], SamplingParams(**base))[0]
     assert [lp.logprob for lp in again.logprobs] == [lp.logprob for lp in processed.logprobs]
@@ -190,7 +203,10 @@ def test_a_row_restages_its_constants_when_another_request_takes_it(make_runtime
     rt.step()  # row 0: the second request; row 1: padding
     staged = rt.runner.staging
     assert (staged.top_k[:2].tolist(), staged.num_top[:2].tolist(), staged.wants_logprobs[:2].tolist()) == (
-        [7, -1], [0, 0], [0, 0])
+        [7, -1],
+        [0, 0],
+        [0, 0],
+    )
     assert staged.temperature[0].item() == pytest.approx(0.8) and staged.seed[0].item() == 1
 
 
@@ -219,7 +235,7 @@ def test_nan_logits_in_decode_fail_only_that_request(make_runtime, make_checkpoi
     outs = rt.generate([[4, 5], [6, 7, 8]], params)
 
     assert outs[0].finish_reason == "error" and "not finite" in outs[0].error
-    assert outs[0].token_ids == free[:free.index(free[2]) + 1] and len(outs[0].logprobs) == len(outs[0].token_ids)
+    assert outs[0].token_ids == free[: free.index(free[2]) + 1] and len(outs[0].logprobs) == len(outs[0].token_ids)
     assert free[2] not in outs[1].token_ids and outs[1].error is None and len(outs[1].token_ids) == 8
 
 
@@ -227,8 +243,12 @@ def test_nan_logits_in_decode_fail_only_that_request(make_runtime, make_checkpoi
 gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 GPU_OVERRIDES = {"engine.max_model_len": 1024, "engine.max_num_seqs": 16, "engine.max_num_batched_tokens": 4096}
 # Engine modes whose results must agree (scripts/repeat_check.py repeats them to catch rare differences).
-GPU_MODES = {"graph": {"engine.async_scheduling": False}, "eager": {"engine.cuda_graphs": False},
-             "host": {"logprobs.path": "host"}, "async": {"engine.async_scheduling": True}}
+GPU_MODES = {
+    "graph": {"engine.async_scheduling": False},
+    "eager": {"engine.cuda_graphs": False},
+    "host": {"logprobs.path": "host"},
+    "async": {"engine.async_scheduling": True},
+}
 
 
 def _gpu_runtime(config, **overrides):
@@ -244,10 +264,16 @@ def _gpu_requests(vocab):
     return [
         (prompt(100), SamplingParams(max_tokens=24, temperature=0, logprobs=5, **base)),
         (prompt(37), SamplingParams(max_tokens=30, temperature=0, **base)),
-        (prompt(64), SamplingParams(max_tokens=12, temperature=0.7, top_p=0.9, seed=5, logprobs=20,
-                                    prompt_logprobs=5, **base)),
-        (prompt(5), SamplingParams(max_tokens=20, temperature=1.0, top_k=50, seed=6, logprobs=0,
-                                   logprobs_mode="processed", **base)),
+        (
+            prompt(64),
+            SamplingParams(max_tokens=12, temperature=0.7, top_p=0.9, seed=5, logprobs=20, prompt_logprobs=5, **base),
+        ),
+        (
+            prompt(5),
+            SamplingParams(
+                max_tokens=20, temperature=1.0, top_k=50, seed=6, logprobs=0, logprobs_mode="processed", **base
+            ),
+        ),
         (prompt(200), SamplingParams(max_tokens=16, temperature=0, logprobs=1, **base)),
         (prompt(9), SamplingParams(max_tokens=26, temperature=0, prompt_logprobs=0, **base)),
     ]
@@ -298,8 +324,10 @@ def test_profiler_sees_one_copy_and_one_sync_per_decode_step(path, graphs):
     copies, syncs = profile_steps(rt, 16)
     asking = sum(k is not None for k in ks)
     per_step = 1 if path == "device" else 1 + asking
-    print(f"{path} graphs={graphs}: {len(copies) / 16} copies of {sorted(set(copies))} bytes and "
-          f"{syncs / 16} syncs per step")
+    print(
+        f"{path} graphs={graphs}: {len(copies) / 16} copies of {sorted(set(copies))} bytes and "
+        f"{syncs / 16} syncs per step"
+    )
     assert len(copies) == 16 * per_step and syncs == 16 * per_step
     packed_bytes = 8 * (5 + 2 * 20) * 4  # 6 rows padded to the bucket of 8
     assert copies.count(packed_bytes) == 16

@@ -10,9 +10,10 @@ def _hf_greedy(path, prompt, steps):
     import transformers
 
     model = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=steps,
-                         do_sample=False, pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    out = model.generate(
+        torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False, pad_token_id=0
+    )
+    return out[0, len(prompt) :].tolist()
 
 
 def test_batched_greedy_equals_transformers_generate(make_runtime, tiny_checkpoint):
@@ -35,16 +36,19 @@ def test_preemption_recomputes_without_changing_tokens(make_runtime, tiny_checkp
     assert len(rt.scheduler.blocks.free) == 10
 
 
-@pytest.mark.parametrize("prompt, params, words", [
-    ([], GREEDY, ["prompt is empty"]),
-    ([1] * 257, GREEDY, ["prompt has 257 tokens", "max_model_len=256"]),
-    ([1, 512, 3], GREEDY, ["prompt[1]=512", "[0, 512)"]),
-    ([1, -1], GREEDY, ["prompt[1]=-1"]),
-    ([1, 2], SamplingParams(stop_token_ids=[9999]), ["stop_token_ids[0]=9999"]),
-    ([1, 2], SamplingParams(logprobs=21), ["logprobs=21", "[0, 20]", "max_logprobs"]),
-    ([1, 2], SamplingParams(prompt_logprobs=-1), ["prompt_logprobs=-1", "[0, 20]"]),
-    ([1, 2], "greedy", ["params='greedy'", "SamplingParams"]),
-])
+@pytest.mark.parametrize(
+    "prompt, params, words",
+    [
+        ([], GREEDY, ["prompt is empty"]),
+        ([1] * 257, GREEDY, ["prompt has 257 tokens", "max_model_len=256"]),
+        ([1, 512, 3], GREEDY, ["prompt[1]=512", "[0, 512)"]),
+        ([1, -1], GREEDY, ["prompt[1]=-1"]),
+        ([1, 2], SamplingParams(stop_token_ids=[9999]), ["stop_token_ids[0]=9999"]),
+        ([1, 2], SamplingParams(logprobs=21), ["logprobs=21", "[0, 20]", "max_logprobs"]),
+        ([1, 2], SamplingParams(prompt_logprobs=-1), ["prompt_logprobs=-1", "[0, 20]"]),
+        ([1, 2], "greedy", ["params='greedy'", "SamplingParams"]),
+    ],
+)
 def test_bad_request_is_rejected_and_the_others_are_served(make_runtime, tiny_checkpoint, prompt, params, words):
     rt = make_runtime(tiny_checkpoint)
     with pytest.raises(ValueError) as err:
@@ -123,12 +127,15 @@ def _overlaps(rt) -> list[tuple[bool, bool]]:
 def test_async_scheduling_gives_the_same_results(make_runtime, tiny_checkpoint, path):
     prompts = [[i + 1] * (10 + 7 * i) for i in range(6)] + [[2] * 124]  # the last ends at max_model_len
     free = make_runtime(tiny_checkpoint).generate([prompts[1]], GREEDY)[0].token_ids
-    params = [GREEDY,
-              SamplingParams(max_tokens=32, temperature=0, stop_token_ids=[free[5]], logprobs=5),  # stops early
-              SamplingParams(max_tokens=7, temperature=0.9, top_p=0.9, seed=3, logprobs=2, ignore_eos=True),
-              SamplingParams(max_tokens=1, temperature=0, ignore_eos=True),
-              SamplingParams(max_tokens=20, temperature=1.0, top_k=20, seed=8, ignore_eos=True),
-              GREEDY, GREEDY]
+    params = [
+        GREEDY,
+        SamplingParams(max_tokens=32, temperature=0, stop_token_ids=[free[5]], logprobs=5),  # stops early
+        SamplingParams(max_tokens=7, temperature=0.9, top_p=0.9, seed=3, logprobs=2, ignore_eos=True),
+        SamplingParams(max_tokens=1, temperature=0, ignore_eos=True),
+        SamplingParams(max_tokens=20, temperature=1.0, top_k=20, seed=8, ignore_eos=True),
+        GREEDY,
+        GREEDY,
+    ]
     # Few blocks and rows: preemptions and admissions while steps are in flight.
     config = dict(engine__num_kv_blocks=10, engine__max_model_len=128, engine__max_num_seqs=4, logprobs__path=path)
     reference = make_runtime(tiny_checkpoint, engine__async_scheduling=False, **config).generate(prompts, params)

@@ -5,8 +5,13 @@ from qwen3_runtime.sampler import SamplingTensors, gumbel_noise, processed_logit
 
 def _params(n, temperature=1.0, top_k=-1, top_p=1.0, seed=0):
     full = lambda v, dtype: torch.full((n,), v, dtype=dtype)
-    return SamplingTensors(full(temperature, torch.float32), full(top_k, torch.int32), full(top_p, torch.float32),
-                           torch.arange(n, dtype=torch.int64) + seed, torch.full((n,), 5, dtype=torch.int64))
+    return SamplingTensors(
+        full(temperature, torch.float32),
+        full(top_k, torch.int32),
+        full(top_p, torch.float32),
+        torch.arange(n, dtype=torch.int64) + seed,
+        torch.full((n,), 5, dtype=torch.int64),
+    )
 
 
 def test_greedy_ties_go_to_the_lower_id():

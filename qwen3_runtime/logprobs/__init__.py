@@ -2,6 +2,7 @@
 
 Triton is imported only when the device kernels first run.
 """
+
 from qwen3_runtime.logprobs.reduce import LogprobBuffers, reduce_logprobs
 from qwen3_runtime.logprobs.reference import TokenLogprob, token_logprob_from_row
 

@@ -28,6 +28,7 @@ With PDL (programmatic dependent launch, Hopper) stage 2 is launched while
 stage 1 runs, and (pdl_first) stage 1 is launched while the kernel before it
 finishes; each waits for the kernel before it before its first load.
 """
+
 import torch
 import triton
 import triton.language as tl
@@ -104,9 +105,23 @@ def _compact(chosen, v, ids, n, scratch_ptr, C: tl.constexpr):
 
 
 @triton.jit
-def _top_k_store(block_max, blk, row_ptr, scratch_ptr, k, vocab, n_blocks, lse, ids_out, lp_out,
-                 BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, GROUP: tl.constexpr,
-                 K_PAD: tl.constexpr, C: tl.constexpr):
+def _top_k_store(
+    block_max,
+    blk,
+    row_ptr,
+    scratch_ptr,
+    k,
+    vocab,
+    n_blocks,
+    lse,
+    ids_out,
+    lp_out,
+    BLOCK: tl.constexpr,
+    GROUPS_PAD: tl.constexpr,
+    GROUP: tl.constexpr,
+    K_PAD: tl.constexpr,
+    C: tl.constexpr,
+):
     """Store the row's k (>= 1) largest elements at ids_out / lp_out[0, k), value descending, id ascending.
 
     `block_max` is the [GROUPS_PAD, GROUP] tile of block maxima, `blk` their block ids.
@@ -122,14 +137,43 @@ def _top_k_store(block_max, blk, row_ptr, scratch_ptr, k, vocab, n_blocks, lse, 
         tl.store(ids_out, tl.min(tl.where((ids < vocab) & (x == best), ids, vocab), axis=0))
         tl.store(lp_out, tl.where(best == 0.0, 0.0, best) - lse)
     else:
-        _top_k_store_many(block_max, blk, real, row_ptr, scratch_ptr, k, vocab, lse, ids_out, lp_out,
-                          BLOCK, GROUPS_PAD, GROUP, K_PAD, C)
+        _top_k_store_many(
+            block_max,
+            blk,
+            real,
+            row_ptr,
+            scratch_ptr,
+            k,
+            vocab,
+            lse,
+            ids_out,
+            lp_out,
+            BLOCK,
+            GROUPS_PAD,
+            GROUP,
+            K_PAD,
+            C,
+        )
 
 
 @triton.jit
-def _top_k_store_many(block_max, blk, real, row_ptr, scratch_ptr, k, vocab, lse, ids_out, lp_out,
-                      BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, GROUP: tl.constexpr,
-                      K_PAD: tl.constexpr, C: tl.constexpr):
+def _top_k_store_many(
+    block_max,
+    blk,
+    real,
+    row_ptr,
+    scratch_ptr,
+    k,
+    vocab,
+    lse,
+    ids_out,
+    lp_out,
+    BLOCK: tl.constexpr,
+    GROUPS_PAD: tl.constexpr,
+    GROUP: tl.constexpr,
+    K_PAD: tl.constexpr,
+    C: tl.constexpr,
+):
     pos = tl.arange(0, K_PAD)
     # Phase 1: the k blocks of largest (maximum, -block id), and t2, the smallest of their maxima.
     t1 = _kth_largest_value(tl.max(block_max, axis=1), k)
@@ -180,8 +224,22 @@ def _pairwise_sum(x, LOG_N: tl.constexpr):
 
 
 @triton.jit
-def _finish_row(row, row64, token_ok, target, chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr, n_chunks,
-                logprob_ptr, rank_ptr, lse_ptr, status_ptr, CHUNKS_PAD: tl.constexpr, LOG_CHUNKS: tl.constexpr):
+def _finish_row(
+    row,
+    row64,
+    token_ok,
+    target,
+    chunk_max_ptr,
+    chunk_sumexp_ptr,
+    chunk_ahead_ptr,
+    n_chunks,
+    logprob_ptr,
+    rank_ptr,
+    lse_ptr,
+    status_ptr,
+    CHUNKS_PAD: tl.constexpr,
+    LOG_CHUNKS: tl.constexpr,
+):
     """Merge the row's chunk statistics in a fixed order; store status, logsumexp, logprob and rank.
     Returns (lse, invalid)."""
     c = tl.arange(0, CHUNKS_PAD)
@@ -203,11 +261,26 @@ def _finish_row(row, row64, token_ok, target, chunk_max_ptr, chunk_sumexp_ptr, c
 
 
 @triton.jit
-def chunk_stats_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_ptr,
-                       chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr, block_max_ptr,
-                       vocab, n_chunks, n_blocks,
-                       HAS_MASK: tl.constexpr, USE_PDL: tl.constexpr, WAIT_PRIOR: tl.constexpr,
-                       K_MAX: tl.constexpr, BLOCK: tl.constexpr, BLOCKS_PER_CHUNK: tl.constexpr):
+def chunk_stats_kernel(
+    logits_ptr,
+    row_stride,
+    token_ptr,
+    num_top_ptr,
+    row_mask_ptr,
+    chunk_max_ptr,
+    chunk_sumexp_ptr,
+    chunk_ahead_ptr,
+    block_max_ptr,
+    vocab,
+    n_chunks,
+    n_blocks,
+    HAS_MASK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    WAIT_PRIOR: tl.constexpr,
+    K_MAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+    BLOCKS_PER_CHUNK: tl.constexpr,
+):
     """Stage 1, one program per (chunk, row)."""
     if USE_PDL:
         gdc_launch_dependents()  # stage 2 may start launching; it waits for this grid's results
@@ -247,14 +320,38 @@ def chunk_stats_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_
 
 
 @triton.jit
-def finish_rows_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_ptr,
-                       chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr, block_max_ptr, scratch_ptr,
-                       logprob_ptr, rank_ptr, lse_ptr, top_ids_ptr, top_lp_ptr, status_ptr,
-                       vocab, n_chunks, n_blocks,
-                       HAS_MASK: tl.constexpr, USE_PDL: tl.constexpr, K_MAX: tl.constexpr,
-                       BLOCK: tl.constexpr, CHUNKS_PAD: tl.constexpr, LOG_CHUNKS: tl.constexpr, K_PAD: tl.constexpr,
-                       GROUP: tl.constexpr, GROUPS_PAD: tl.constexpr, CANDIDATES: tl.constexpr,
-                       SCRATCH: tl.constexpr):
+def finish_rows_kernel(
+    logits_ptr,
+    row_stride,
+    token_ptr,
+    num_top_ptr,
+    row_mask_ptr,
+    chunk_max_ptr,
+    chunk_sumexp_ptr,
+    chunk_ahead_ptr,
+    block_max_ptr,
+    scratch_ptr,
+    logprob_ptr,
+    rank_ptr,
+    lse_ptr,
+    top_ids_ptr,
+    top_lp_ptr,
+    status_ptr,
+    vocab,
+    n_chunks,
+    n_blocks,
+    HAS_MASK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    K_MAX: tl.constexpr,
+    BLOCK: tl.constexpr,
+    CHUNKS_PAD: tl.constexpr,
+    LOG_CHUNKS: tl.constexpr,
+    K_PAD: tl.constexpr,
+    GROUP: tl.constexpr,
+    GROUPS_PAD: tl.constexpr,
+    CANDIDATES: tl.constexpr,
+    SCRATCH: tl.constexpr,
+):
     """Stage 2, one program per row: merge the row's chunks in a fixed order, write every output."""
     if USE_PDL:
         gdc_launch_dependents()  # the next call's stage 1 (pdl_first) may start; it waits for this grid
@@ -275,8 +372,22 @@ def finish_rows_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_
     if K_MAX > 0:  # loaded first, beside the statistics (unused, so harmless, when k = 0)
         blk = tl.arange(0, GROUPS_PAD)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
         block_max = tl.load(block_max_ptr + row64 * n_blocks + blk, mask=blk < n_blocks, other=0.0)
-    lse, invalid = _finish_row(row, row64, token_ok, target, chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr,
-                               n_chunks, logprob_ptr, rank_ptr, lse_ptr, status_ptr, CHUNKS_PAD, LOG_CHUNKS)
+    lse, invalid = _finish_row(
+        row,
+        row64,
+        token_ok,
+        target,
+        chunk_max_ptr,
+        chunk_sumexp_ptr,
+        chunk_ahead_ptr,
+        n_chunks,
+        logprob_ptr,
+        rank_ptr,
+        lse_ptr,
+        status_ptr,
+        CHUNKS_PAD,
+        LOG_CHUNKS,
+    )
 
     if K_MAX > 0:
         col = tl.arange(0, K_PAD)
@@ -286,13 +397,28 @@ def finish_rows_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_
         tl.store(top_ids_ptr + out, tl.full([K_PAD], -1, tl.int32), mask=rest)
         tl.store(top_lp_ptr + out, tl.where(col < k, float("nan"), float("-inf")), mask=rest)
         if not skip:
-            _top_k_store(block_max, blk, row_ptr, scratch_ptr + row64 * SCRATCH, k, vocab, n_blocks, lse,
-                         top_ids_ptr + row64 * K_MAX, top_lp_ptr + row64 * K_MAX,
-                         BLOCK, GROUPS_PAD, GROUP, K_PAD, CANDIDATES)
+            _top_k_store(
+                block_max,
+                blk,
+                row_ptr,
+                scratch_ptr + row64 * SCRATCH,
+                k,
+                vocab,
+                n_blocks,
+                lse,
+                top_ids_ptr + row64 * K_MAX,
+                top_lp_ptr + row64 * K_MAX,
+                BLOCK,
+                GROUPS_PAD,
+                GROUP,
+                K_PAD,
+                CANDIDATES,
+            )
 
 
-def launch_reduce(logits: torch.Tensor, token_ids: torch.Tensor, num_top: torch.Tensor,
-                  row_mask: torch.Tensor | None, out) -> None:
+def launch_reduce(
+    logits: torch.Tensor, token_ids: torch.Tensor, num_top: torch.Tensor, row_mask: torch.Tensor | None, out
+) -> None:
     """Launch both stages into `out` (a LogprobBuffers): no allocation, no host sync."""
     ws = out.workspace
     cfg = ws.config
@@ -304,18 +430,48 @@ def launch_reduce(logits: torch.Tensor, token_ids: torch.Tensor, num_top: torch.
         mask = row_mask.view(torch.uint8) if row_mask.dtype == torch.bool else row_mask
     pdl = bool(cfg.pdl) and logits.is_cuda and not TRITON_INTERPRET
     pdl_first = pdl and bool(cfg.pdl_first)
-    inputs = (logits, logits.stride(0), token_ids, num_top, mask,
-              ws.chunk_max, ws.chunk_sumexp, ws.chunk_ahead, ws.block_max)
+    inputs = (
+        logits,
+        logits.stride(0),
+        token_ids,
+        num_top,
+        mask,
+        ws.chunk_max,
+        ws.chunk_sumexp,
+        ws.chunk_ahead,
+        ws.block_max,
+    )
     sizes = (vocab, ws.n_chunks, ws.n_blocks)
     common = dict(HAS_MASK=has_mask, USE_PDL=pdl, K_MAX=k_max, BLOCK=cfg.block)
     chunk_stats_kernel[(ws.n_chunks, n_rows)](
-        *inputs, *sizes, WAIT_PRIOR=pdl_first, BLOCKS_PER_CHUNK=cfg.chunk // cfg.block, num_warps=cfg.num_warps,
-        **(dict(launch_pdl=True) if pdl_first else {}), **common)
+        *inputs,
+        *sizes,
+        WAIT_PRIOR=pdl_first,
+        BLOCKS_PER_CHUNK=cfg.chunk // cfg.block,
+        num_warps=cfg.num_warps,
+        **(dict(launch_pdl=True) if pdl_first else {}),
+        **common,
+    )
     chunks_pad = triton.next_power_of_2(ws.n_chunks)
     k_pad = triton.next_power_of_2(max(k_max, 1))
     finish_rows_kernel[(n_rows,)](
-        *inputs, ws.scratch, out.logprob, out.rank, out.logsumexp, out.top_ids, out.top_logprobs, out.status,
-        *sizes, CHUNKS_PAD=chunks_pad, LOG_CHUNKS=chunks_pad.bit_length() - 1, K_PAD=k_pad, GROUP=cfg.group,
+        *inputs,
+        ws.scratch,
+        out.logprob,
+        out.rank,
+        out.logsumexp,
+        out.top_ids,
+        out.top_logprobs,
+        out.status,
+        *sizes,
+        CHUNKS_PAD=chunks_pad,
+        LOG_CHUNKS=chunks_pad.bit_length() - 1,
+        K_PAD=k_pad,
+        GROUP=cfg.group,
         GROUPS_PAD=triton.next_power_of_2(triton.cdiv(max(ws.n_blocks, 1), cfg.group)),
-        CANDIDATES=min(cfg.candidates, max(16, 4 * k_pad)), SCRATCH=ws.scratch.shape[1],
-        num_warps=cfg.finish_warps, **(dict(launch_pdl=True) if pdl else {}), **common)
+        CANDIDATES=min(cfg.candidates, max(16, 4 * k_pad)),
+        SCRATCH=ws.scratch.shape[1],
+        num_warps=cfg.finish_warps,
+        **(dict(launch_pdl=True) if pdl else {}),
+        **common,
+    )

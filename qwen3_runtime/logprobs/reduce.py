@@ -5,6 +5,7 @@ under TRITON_INTERPRET=1, and `reduce_logprobs_reference` (float64 torch)
 otherwise. With a preallocated `out` the Triton path allocates nothing and
 never waits for the host, so it can be captured in a CUDA graph.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -112,8 +113,9 @@ class LogprobBuffers:
     workspace: ReduceWorkspace
 
     @classmethod
-    def allocate(cls, n_rows: int, k_max: int, vocab_size: int, device,
-                 config: ReduceConfig | None = None) -> LogprobBuffers:
+    def allocate(
+        cls, n_rows: int, k_max: int, vocab_size: int, device, config: ReduceConfig | None = None
+    ) -> LogprobBuffers:
         """Buffers (and workspace) for `n_rows` rows of `vocab_size` logits and top-k up to `k_max`."""
         if n_rows < 0 or k_max < 0 or vocab_size < 1:
             raise ValueError(f"bad sizes: n_rows={n_rows}, k_max={k_max}, vocab_size={vocab_size}")
@@ -143,8 +145,11 @@ class LogprobBuffers:
 
 def _head(obj, n_rows: int, **replaced):
     """A copy of a buffers dataclass with every tensor field cut to its first `n_rows` rows."""
-    tensors = {f.name: getattr(obj, f.name)[:n_rows] for f in dataclasses.fields(obj)
-               if isinstance(getattr(obj, f.name), torch.Tensor)}
+    tensors = {
+        f.name: getattr(obj, f.name)[:n_rows]
+        for f in dataclasses.fields(obj)
+        if isinstance(getattr(obj, f.name), torch.Tensor)
+    }
     return dataclasses.replace(obj, **tensors, **replaced)
 
 
@@ -158,24 +163,35 @@ def _check_inputs(logits, token_ids, num_top, k_max, row_mask) -> None:
     for name, t in (("token_ids", token_ids), ("num_top", num_top)):
         if t.shape != (n_rows,) or t.dtype.is_floating_point or t.dtype == torch.bool or t.stride(0) != 1:
             raise ValueError(f"{name} must be a contiguous [{n_rows}] integer tensor, got {tuple(t.shape)} {t.dtype}")
-    if row_mask is not None and (row_mask.shape != (n_rows,) or row_mask.dtype.is_floating_point
-                                 or row_mask.stride(0) != 1):
-        raise ValueError(f"row_mask must be a contiguous [{n_rows}] bool or integer tensor, got "
-                         f"{tuple(row_mask.shape)} {row_mask.dtype}")
+    if row_mask is not None and (
+        row_mask.shape != (n_rows,) or row_mask.dtype.is_floating_point or row_mask.stride(0) != 1
+    ):
+        raise ValueError(
+            f"row_mask must be a contiguous [{n_rows}] bool or integer tensor, got "
+            f"{tuple(row_mask.shape)} {row_mask.dtype}"
+        )
     if k_max < 0:
         raise ValueError(f"k_max={k_max} must be >= 0")
 
 
 def _check_out(out: LogprobBuffers, n_rows: int, k_max: int, vocab: int, device: torch.device) -> None:
     if out.logprob.shape != (n_rows,) or out.k_max != k_max or out.workspace.vocab_size != vocab:
-        raise ValueError(f"out is sized for N={out.logprob.shape[0]}, k_max={out.k_max}, "
-                         f"V={out.workspace.vocab_size}; the call needs N={n_rows}, k_max={k_max}, V={vocab}")
+        raise ValueError(
+            f"out is sized for N={out.logprob.shape[0]}, k_max={out.k_max}, "
+            f"V={out.workspace.vocab_size}; the call needs N={n_rows}, k_max={k_max}, V={vocab}"
+        )
     if out.logprob.device != device:
         raise ValueError(f"out is on {out.logprob.device}, logits on {device}")
 
 
-def reduce_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: torch.Tensor, k_max: int,
-                    row_mask: torch.Tensor | None = None, out: LogprobBuffers | None = None) -> LogprobBuffers:
+def reduce_logprobs(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    num_top: torch.Tensor,
+    k_max: int,
+    row_mask: torch.Tensor | None = None,
+    out: LogprobBuffers | None = None,
+) -> LogprobBuffers:
     """Per row i (where row_mask[i] is true or nonzero: an integer mask can be a staged input as it is,
     with no kernel to convert it): logsumexp, logprob and 1-based rank of token_ids[i], and
     the num_top[i] (<= k_max, a static int) largest logprobs, value descending then lower id.
@@ -202,9 +218,14 @@ def reduce_logprobs(logits: torch.Tensor, token_ids: torch.Tensor, num_top: torc
     return out
 
 
-def reduce_logprobs_reference(logits: torch.Tensor, token_ids: torch.Tensor, num_top: torch.Tensor,
-                              k_max: int, row_mask: torch.Tensor | None = None,
-                              out: LogprobBuffers | None = None) -> LogprobBuffers:
+def reduce_logprobs_reference(
+    logits: torch.Tensor,
+    token_ids: torch.Tensor,
+    num_top: torch.Tensor,
+    k_max: int,
+    row_mask: torch.Tensor | None = None,
+    out: LogprobBuffers | None = None,
+) -> LogprobBuffers:
     """The same function in float64 torch (any device); for CPUs without Triton, and tests."""
     n_rows, vocab = logits.shape
     if out is None:

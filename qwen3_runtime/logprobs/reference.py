@@ -4,6 +4,7 @@ This is the ground truth the device reduction is tested against, and the
 "host path" the benchmark compares with. It is deliberately plain: every
 number comes from float64 NumPy on the exact input values.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -4,6 +4,7 @@ On CUDA the Triton kernels run; on the CPU the references run, unless
 TRITON_INTERPRET=1 is set, in which case the Triton kernels themselves run
 in Triton's interpreter (this is how CI tests them).
 """
+
 import functools
 import os
 

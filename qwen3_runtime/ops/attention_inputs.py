@@ -6,6 +6,7 @@ block_id * block_size + offset. Padded rows carry slot -1 and write nothing, so 
 (CUDA-graph) batch can include empty rows. Rounding follows Hugging Face's bf16 semantics: the
 normalised value is rounded before the weight multiplies it, and again before the rotation.
 """
+
 from __future__ import annotations
 
 import torch
@@ -18,11 +19,29 @@ from qwen3_runtime.ops.norms import add_rms_norm_reference
 
 
 @triton.jit
-def _attention_inputs_kernel(qkv_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, positions_ptr, slot_mapping_ptr,
-                             q_ptr, k_ptr, k_cache_ptr, v_cache_ptr,
-                             num_heads, num_kv_heads, qkv_stride, head_dim, eps,
-                             stride_cache_block, stride_cache_offset, stride_cache_head,
-                             BLOCK_SIZE: tl.constexpr, HALF_BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+def _attention_inputs_kernel(
+    qkv_ptr,
+    q_weight_ptr,
+    k_weight_ptr,
+    cos_sin_ptr,
+    positions_ptr,
+    slot_mapping_ptr,
+    q_ptr,
+    k_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    num_heads,
+    num_kv_heads,
+    qkv_stride,
+    head_dim,
+    eps,
+    stride_cache_block,
+    stride_cache_offset,
+    stride_cache_head,
+    BLOCK_SIZE: tl.constexpr,
+    HALF_BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     """One program per (token, head) over q heads, then k heads, then v heads."""
     if USE_PDL:  # the attention kernel may launch now and wait
         gdc_launch_dependents()
@@ -81,18 +100,28 @@ def _attention_inputs_kernel(qkv_ptr, q_weight_ptr, k_weight_ptr, cos_sin_ptr, p
         tl.store(dst + half + offs, out2, mask=store_mask)
 
 
-def attention_inputs(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_weight: torch.Tensor,
-                     k_weight: torch.Tensor, eps: float, cos_sin: torch.Tensor, positions: torch.Tensor,
-                     k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_inputs(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    cos_sin: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [T, H, D] and k [T, KVH, D], normed per head and rotated, and v [T, KVH, D] (a view of qkv),
     from qkv [T, (H + 2 KVH) D]; k and v also go into the caches at slot_mapping [T] (-1: skipped).
     `positions` and `slot_mapping` must be staged before the kernel that writes qkv (the kernel reads
     them before its PDL wait), as every forward stages them.
     `cos_sin` is [max_len, D]: cos over the first half of each row, sin over the second."""
     if not use_triton(qkv):
-        return attention_inputs_reference(qkv, num_heads, num_kv_heads, q_weight, k_weight, eps, cos_sin,
-                                          positions, k_cache, v_cache, slot_mapping)
+        return attention_inputs_reference(
+            qkv, num_heads, num_kv_heads, q_weight, k_weight, eps, cos_sin, positions, k_cache, v_cache, slot_mapping
+        )
     tokens, head_dim = qkv.shape[0], q_weight.shape[0]
     assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     assert k_cache.dtype == v_cache.dtype == qkv.dtype
@@ -100,22 +129,49 @@ def attention_inputs(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_wei
     k = torch.empty(tokens, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     if tokens:
         _attention_inputs_kernel[(tokens, num_heads + 2 * num_kv_heads)](
-            qkv, q_weight, k_weight, cos_sin, positions, slot_mapping, q, k, k_cache, v_cache,
-            num_heads, num_kv_heads, qkv.stride(0), head_dim, eps,
-            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-            BLOCK_SIZE=k_cache.shape[1], HALF_BLOCK=triton.next_power_of_2(head_dim // 2), num_warps=1,
-            **pdl_launch(qkv))
+            qkv,
+            q_weight,
+            k_weight,
+            cos_sin,
+            positions,
+            slot_mapping,
+            q,
+            k,
+            k_cache,
+            v_cache,
+            num_heads,
+            num_kv_heads,
+            qkv.stride(0),
+            head_dim,
+            eps,
+            k_cache.stride(0),
+            k_cache.stride(1),
+            k_cache.stride(2),
+            BLOCK_SIZE=k_cache.shape[1],
+            HALF_BLOCK=triton.next_power_of_2(head_dim // 2),
+            num_warps=1,
+            **pdl_launch(qkv),
+        )
     return q, k, _v_view(qkv, num_heads, num_kv_heads, head_dim)
 
 
 def _v_view(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int) -> torch.Tensor:
-    return qkv[:, (num_heads + num_kv_heads) * head_dim:].view(qkv.shape[0], num_kv_heads, head_dim)
+    return qkv[:, (num_heads + num_kv_heads) * head_dim :].view(qkv.shape[0], num_kv_heads, head_dim)
 
 
-def attention_inputs_reference(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, q_weight: torch.Tensor,
-                               k_weight: torch.Tensor, eps: float, cos_sin: torch.Tensor, positions: torch.Tensor,
-                               k_cache: torch.Tensor, v_cache: torch.Tensor,
-                               slot_mapping: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def attention_inputs_reference(
+    qkv: torch.Tensor,
+    num_heads: int,
+    num_kv_heads: int,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    eps: float,
+    cos_sin: torch.Tensor,
+    positions: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     tokens, head_dim = qkv.shape[0], q_weight.shape[0]
     q, k, _ = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
     cos, sin = cos_sin[positions].to(qkv.dtype)[:, None, :].chunk(2, dim=-1)

@@ -15,6 +15,7 @@ The grid is static and every range is derived on the device from seq_lens (split
 ceil(tiles / num_splits) whole tiles), so the call is CUDA-graph capturable: splits past a row's
 last token exit at once; a row with seq_len 0 gets zeros.
 """
+
 import math
 from typing import NamedTuple
 
@@ -61,8 +62,15 @@ class DecodeWorkspace(NamedTuple):
     arrivals: torch.Tensor  # [B, KVH] int32, zero between calls: the splits of (row, KV head) done so far
 
 
-def decode_workspace(batch: int, num_heads: int, num_kv_heads: int, num_splits: int, head_dim: int,
-                     device: torch.device, arrivals: torch.Tensor | None = None) -> DecodeWorkspace:
+def decode_workspace(
+    batch: int,
+    num_heads: int,
+    num_kv_heads: int,
+    num_splits: int,
+    head_dim: int,
+    device: torch.device,
+    arrivals: torch.Tensor | None = None,
+) -> DecodeWorkspace:
     """Partials uninitialised (a split's are read only after it wrote them); `arrivals` zeros unless given:
     every call leaves the counts at zero, so one buffer, allocated before graph capture, serves them all."""
     if arrivals is None:
@@ -76,20 +84,45 @@ def decode_workspace(batch: int, num_heads: int, num_kv_heads: int, num_splits: 
 
 @triton.jit
 def _decode_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, block_tables_ptr, seq_lens_ptr,
-    out_ptr, partial_out_ptr, partial_lse_ptr, arrivals_ptr,
-    qk_scale_log2, num_splits, head_dim, group_size,
-    stride_q_b, stride_q_h,
-    stride_k_block, stride_k_offset, stride_k_head,
-    stride_v_block, stride_v_offset, stride_v_head,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    out_ptr,
+    partial_out_ptr,
+    partial_lse_ptr,
+    arrivals_ptr,
+    qk_scale_log2,
+    num_splits,
+    head_dim,
+    group_size,
+    stride_q_b,
+    stride_q_h,
+    stride_k_block,
+    stride_k_offset,
+    stride_k_head,
+    stride_v_block,
+    stride_v_offset,
+    stride_v_head,
     stride_bt_b,
-    stride_out_b, stride_out_h,
-    stride_po_b, stride_po_h, stride_po_s,
-    stride_pl_b, stride_pl_h,
+    stride_out_b,
+    stride_out_h,
+    stride_po_b,
+    stride_po_h,
+    stride_po_s,
+    stride_pl_b,
+    stride_pl_h,
     stride_arrivals_b,
-    BLOCK_G: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
-    MERGE_G: tl.constexpr, MERGE_S: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr, DEPENDENTS_EARLY: tl.constexpr,
+    BLOCK_G: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    MERGE_G: tl.constexpr,
+    MERGE_S: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr,
+    DEPENDENTS_EARLY: tl.constexpr,
 ):
     """MERGE_G x MERGE_S: the (head, split) partials the last split merges per load (few registers where
     the splits are few, so a single-split launch pays nearly nothing for the merge it never runs).
@@ -135,7 +168,8 @@ def _decode_attention_kernel(
     cache_dtype = k_cache_ptr.dtype.element_ty
     q = tl.load(
         q_ptr + row * stride_q_b + heads[:, None] * stride_q_h + offs_d[None, :],
-        mask=gd_mask, other=0.0,
+        mask=gd_mask,
+        other=0.0,
     ).to(cache_dtype)
 
     running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
@@ -178,15 +212,41 @@ def _decode_attention_kernel(
         arrivals = arrivals_ptr + row * stride_arrivals_b + kv_head
         if tl.atomic_add(arrivals, 1, sem="acq_rel") == used_splits - 1:
             tl.store(arrivals, 0)
-            _merge_splits(partial_out_ptr + row * stride_po_b, partial_lse_ptr + row * stride_pl_b,
-                          out_ptr + row * stride_out_b, kv_head * group_size, group_size, used_splits, head_dim,
-                          stride_po_h, stride_po_s, stride_pl_h, stride_out_h, MERGE_G, MERGE_S, BLOCK_D)
+            _merge_splits(
+                partial_out_ptr + row * stride_po_b,
+                partial_lse_ptr + row * stride_pl_b,
+                out_ptr + row * stride_out_b,
+                kv_head * group_size,
+                group_size,
+                used_splits,
+                head_dim,
+                stride_po_h,
+                stride_po_s,
+                stride_pl_h,
+                stride_out_h,
+                MERGE_G,
+                MERGE_S,
+                BLOCK_D,
+            )
 
 
 @triton.jit
-def _merge_splits(partial_out, partial_lse, out, first_head, group_size, used_splits, head_dim,
-                  stride_po_h, stride_po_s, stride_pl_h, stride_out_h,
-                  MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, BLOCK_D: tl.constexpr):
+def _merge_splits(
+    partial_out,
+    partial_lse,
+    out,
+    first_head,
+    group_size,
+    used_splits,
+    head_dim,
+    stride_po_h,
+    stride_po_s,
+    stride_pl_h,
+    stride_out_h,
+    MERGE_G: tl.constexpr,
+    MERGE_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """out[heads] = sum_i exp2(lse_i - max) * partial_i / sum_i exp2(lse_i - max) over the used splits,
     MERGE_S of them per load (the running max rescales across loads)."""
     offs_g = tl.arange(0, MERGE_G)
@@ -202,11 +262,21 @@ def _merge_splits(partial_out, partial_lse, out, first_head, group_size, used_sp
     for first in range(0, used_splits, MERGE_S):
         splits = first + offs_s
         gs_mask = g_mask[:, None] & (splits[None, :] < used_splits)
-        lse = tl.load(partial_lse + heads[:, None] * stride_pl_h + splits[None, :], mask=gs_mask,
-                      other=float("-inf"), cache_modifier=".cg")
-        parts = tl.load(partial_out + heads[:, None, None] * stride_po_h + splits[None, :, None] * stride_po_s
-                        + offs_d[None, None, :], mask=gs_mask[:, :, None] & d_mask[None, None, :], other=0.0,
-                        cache_modifier=".cg")
+        lse = tl.load(
+            partial_lse + heads[:, None] * stride_pl_h + splits[None, :],
+            mask=gs_mask,
+            other=float("-inf"),
+            cache_modifier=".cg",
+        )
+        parts = tl.load(
+            partial_out
+            + heads[:, None, None] * stride_po_h
+            + splits[None, :, None] * stride_po_s
+            + offs_d[None, None, :],
+            mask=gs_mask[:, :, None] & d_mask[None, None, :],
+            other=0.0,
+            cache_modifier=".cg",
+        )
         new_max = tl.maximum(head_max, tl.max(lse, axis=1))
         alpha = tl.exp2(head_max - new_max)
         weights = tl.exp2(lse - new_max[:, None])
@@ -214,12 +284,16 @@ def _merge_splits(partial_out, partial_lse, out, first_head, group_size, used_sp
         merged = merged * alpha[:, None] + tl.sum(weights[:, :, None] * parts, axis=1)
         head_max = new_max
     total = tl.where(g_mask, total, 1.0)
-    tl.store(out + heads[:, None] * stride_out_h + offs_d[None, :],
-             (merged / total[:, None]).to(out.dtype.element_ty), mask=g_mask[:, None] & d_mask[None, :])
+    tl.store(
+        out + heads[:, None] * stride_out_h + offs_d[None, :],
+        (merged / total[:, None]).to(out.dtype.element_ty),
+        mask=g_mask[:, None] & d_mask[None, :],
+    )
 
 
-def default_num_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int,
-                       programs_per_sm: int | None = None) -> int:
+def default_num_splits(
+    batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int, programs_per_sm: int | None = None
+) -> int:
     """Splits per (row, kv head): FEW_PAIRS_SPLITS where the pairs fill at most half the SMs, otherwise
     enough for about `programs_per_sm` programs per SM (default two; given, it applies to any batch).
 
@@ -277,16 +351,35 @@ def paged_decode_attention(
     merge_g = triton.next_power_of_2(group_size)
     grid_size = batch * num_kv_heads * num_splits
     _decode_attention_kernel[(batch, num_kv_heads, num_splits)](
-        q, k_cache, v_cache, block_tables, seq_lens,
-        out, partial_out, partial_lse, arrivals,
-        scale * math.log2(math.e), num_splits, head_dim, group_size,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        q,
+        k_cache,
+        v_cache,
+        block_tables,
+        seq_lens,
+        out,
+        partial_out,
+        partial_lse,
+        arrivals,
+        scale * math.log2(math.e),
+        num_splits,
+        head_dim,
+        group_size,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
         block_tables.stride(0),
-        out.stride(0), out.stride(1),
-        partial_out.stride(0), partial_out.stride(1), partial_out.stride(2),
-        partial_lse.stride(0), partial_lse.stride(1),
+        out.stride(0),
+        out.stride(1),
+        partial_out.stride(0),
+        partial_out.stride(1),
+        partial_out.stride(2),
+        partial_lse.stride(0),
+        partial_lse.stride(1),
         arrivals.stride(0),
         BLOCK_G=max(MIN_GROUP_ROWS, merge_g),
         BLOCK_N=BLOCK_N,

@@ -3,6 +3,7 @@
 With async scheduling a row's input token may be the one the step still in flight sampled for it
 (prev_row >= 0: that step's row), read on the device from that step's packed results. In PyTorch
 that selection and the embedding were six launches at the head of every decode step."""
+
 from __future__ import annotations
 
 import torch
@@ -16,8 +17,19 @@ BLOCK = 1024
 
 
 @triton.jit
-def _embed_kernel(input_ids_ptr, prev_row_ptr, sampled_ptr, stride_sampled, weight_ptr, out_ptr, hidden,
-                  stride_weight, stride_out, HAS_PREV: tl.constexpr, BLOCK: tl.constexpr):
+def _embed_kernel(
+    input_ids_ptr,
+    prev_row_ptr,
+    sampled_ptr,
+    stride_sampled,
+    weight_ptr,
+    out_ptr,
+    hidden,
+    stride_weight,
+    stride_out,
+    HAS_PREV: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     token = tl.load(input_ids_ptr + row).to(tl.int64)
     if HAS_PREV:  # row 0 of the step in flight always exists, so the clamped load is always in bounds
@@ -26,12 +38,17 @@ def _embed_kernel(input_ids_ptr, prev_row_ptr, sampled_ptr, stride_sampled, weig
         token = tl.where(prev >= 0, fed, token)
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < hidden
-    tl.store(out_ptr + row * stride_out + cols, tl.load(weight_ptr + token * stride_weight + cols, mask=mask),
-             mask=mask)
+    tl.store(
+        out_ptr + row * stride_out + cols, tl.load(weight_ptr + token * stride_weight + cols, mask=mask), mask=mask
+    )
 
 
-def embed(weight: torch.Tensor, input_ids: torch.Tensor, prev_row: torch.Tensor | None = None,
-          sampled: torch.Tensor | None = None) -> torch.Tensor:
+def embed(
+    weight: torch.Tensor,
+    input_ids: torch.Tensor,
+    prev_row: torch.Tensor | None = None,
+    sampled: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Embedding rows [T, hidden] of input_ids [T], except that a row with prev_row >= 0 takes the token
     sampled[prev_row] (`sampled`: one id per row of the step in flight, any stride)."""
     if not use_triton(weight):
@@ -42,14 +59,28 @@ def embed(weight: torch.Tensor, input_ids: torch.Tensor, prev_row: torch.Tensor 
     if tokens:
         has_prev = prev_row is not None
         _embed_kernel[(tokens, triton.cdiv(hidden, BLOCK))](
-            input_ids, prev_row if has_prev else input_ids, sampled if has_prev else input_ids,
-            sampled.stride(0) if has_prev else 0, weight, out, hidden, weight.stride(0), out.stride(0),
-            HAS_PREV=has_prev, BLOCK=BLOCK, num_warps=4)
+            input_ids,
+            prev_row if has_prev else input_ids,
+            sampled if has_prev else input_ids,
+            sampled.stride(0) if has_prev else 0,
+            weight,
+            out,
+            hidden,
+            weight.stride(0),
+            out.stride(0),
+            HAS_PREV=has_prev,
+            BLOCK=BLOCK,
+            num_warps=4,
+        )
     return out
 
 
-def embed_reference(weight: torch.Tensor, input_ids: torch.Tensor, prev_row: torch.Tensor | None = None,
-                    sampled: torch.Tensor | None = None) -> torch.Tensor:
+def embed_reference(
+    weight: torch.Tensor,
+    input_ids: torch.Tensor,
+    prev_row: torch.Tensor | None = None,
+    sampled: torch.Tensor | None = None,
+) -> torch.Tensor:
     if prev_row is not None:
         input_ids = torch.where(prev_row >= 0, sampled[prev_row.clamp(min=0)].long(), input_ids)
     return F.embedding(input_ids, weight)

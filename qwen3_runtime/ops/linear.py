@@ -9,6 +9,7 @@ residual add + RMSNorm (`add_rms_norm`), so the split costs no extra launch and 
 Larger batches and prefill go to cuBLAS: launched eagerly, a Triton kernel costs more host time
 than a cuBLAS call (decode hides that in its CUDA graph).
 """
+
 from __future__ import annotations
 
 import torch
@@ -47,10 +48,28 @@ MLP_EARLY_ROWS = 8
 
 
 @triton.jit
-def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, stride_wn, stride_os, stride_om,
-                        BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GATED: tl.constexpr,
-                        EVEN: tl.constexpr, DOT_PRECISION: tl.constexpr, PREFETCH_TILES: tl.constexpr,
-                        DEPENDENTS_EARLY: tl.constexpr, USE_PDL: tl.constexpr):
+def _skinny_gemm_kernel(
+    x_ptr,
+    w_ptr,
+    out_ptr,
+    M,
+    N,
+    K,
+    k_per_split,
+    stride_xm,
+    stride_wn,
+    stride_os,
+    stride_om,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GATED: tl.constexpr,
+    EVEN: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    PREFETCH_TILES: tl.constexpr,
+    DEPENDENTS_EARLY: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     """Program (column tile, split): out[split, :M, tile] = (W[tile, slice] @ x[:, slice]^T)^T.
 
     The weight tile is the product's left operand: 64 weight rows fill the tensor cores' 64-row
@@ -69,9 +88,14 @@ def _skinny_gemm_kernel(x_ptr, w_ptr, out_ptr, M, N, K, k_per_split, stride_xm, 
         w_rows = cols
     if PREFETCH_TILES > 0:  # weights are never written, so they may be requested before the wait
         row_starts = w_ptr + tl.where(cols < N, w_rows, 0).to(tl.int64) * stride_wn + split * k_per_split
-        tl.inline_asm_elementwise("cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;", "=r,l,r",
-                                  [row_starts, tl.full([BLOCK_N], PREFETCH_TILES * BLOCK_K * 2, tl.int32)],  # bf16
-                                  dtype=tl.int32, is_pure=False, pack=1)
+        tl.inline_asm_elementwise(
+            "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;",
+            "=r,l,r",
+            [row_starts, tl.full([BLOCK_N], PREFETCH_TILES * BLOCK_K * 2, tl.int32)],  # bf16
+            dtype=tl.int32,
+            is_pure=False,
+            pack=1,
+        )
     if USE_PDL:  # launched early (ops.pdl_launch): wait for the previous kernel's writes
         if DEPENDENTS_EARLY:
             gdc_launch_dependents()
@@ -115,15 +139,26 @@ def _num_stages(programs: int, device: torch.device) -> int:
 def _prefetch_tiles(weight: torch.Tensor) -> int:
     """K-tiles per weight row for the pre-wait L2 prefetch: only where the kernel launches early (ops.pdl_launch),
     for bf16 rows with the bulk prefetch's 16-byte alignment, whole tiles inside the row."""
-    if not (weight.dtype == torch.bfloat16 and pdl_launch(weight)["USE_PDL"] and weight.data_ptr() % 16 == 0
-            and weight.stride(0) % 8 == 0):
+    if not (
+        weight.dtype == torch.bfloat16
+        and pdl_launch(weight)["USE_PDL"]
+        and weight.data_ptr() % 16 == 0
+        and weight.stride(0) % 8 == 0
+    ):
         return 0
     tile_bytes = BLOCK_K * weight.element_size()
     return min(max(1, PREFETCH_BYTES // (weight.shape[0] * tile_bytes)), weight.shape[1] // BLOCK_K)
 
 
-def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: int, gated: bool = False,
-            prefetch_tiles: int = 0, dependents_early: bool = False) -> None:
+def _launch(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    out: torch.Tensor,
+    splits: int,
+    gated: bool = False,
+    prefetch_tiles: int = 0,
+    dependents_early: bool = False,
+) -> None:
     rows = x.shape[0]
     k = weight.shape[1]
     n = out.shape[-1]  # output columns: half the weight's rows when gated
@@ -133,13 +168,29 @@ def _launch(x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor, splits: in
     tile_cols = BLOCK_N // 2 if gated else BLOCK_N
     tiles = triton.cdiv(n, tile_cols)
     _skinny_gemm_kernel[(tiles, splits)](
-        x, weight, out, rows, n, k, k_per_split, x.stride(0), weight.stride(0),
-        out.stride(0) if out.dim() == 3 else 0, out.stride(-2),
-        BLOCK_M=max(16, triton.next_power_of_2(rows)), BLOCK_N=BLOCK_N, BLOCK_K=BLOCK_K, GATED=gated,
+        x,
+        weight,
+        out,
+        rows,
+        n,
+        k,
+        k_per_split,
+        x.stride(0),
+        weight.stride(0),
+        out.stride(0) if out.dim() == 3 else 0,
+        out.stride(-2),
+        BLOCK_M=max(16, triton.next_power_of_2(rows)),
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=BLOCK_K,
+        GATED=gated,
         EVEN=n % tile_cols == 0 and k % (splits * BLOCK_K) == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        PREFETCH_TILES=prefetch_tiles, DEPENDENTS_EARLY=dependents_early, num_warps=4,
-        num_stages=_num_stages(tiles * splits, x.device), **pdl_launch(x))
+        PREFETCH_TILES=prefetch_tiles,
+        DEPENDENTS_EARLY=dependents_early,
+        num_warps=4,
+        num_stages=_num_stages(tiles * splits, x.device),
+        **pdl_launch(x),
+    )
 
 
 def _skinny(x: torch.Tensor, decode: bool) -> bool:
@@ -156,21 +207,30 @@ def linear(x: torch.Tensor, weight: torch.Tensor, decode: bool = True, dependent
     return out
 
 
-def gated_linear(x: torch.Tensor, gate_up_weight: torch.Tensor, decode: bool = True,
-                 dependents_early: bool = False) -> torch.Tensor:
+def gated_linear(
+    x: torch.Tensor, gate_up_weight: torch.Tensor, decode: bool = True, dependents_early: bool = False
+) -> torch.Tensor:
     """silu(x @ W_gate^T) * (x @ W_up^T) for the fused weight [2I, K] (gate rows, then up rows) -> [T, I].
     In the skinny kernel's epilogue, so decode launches no separate silu_mul. dependents_early: see
     mlp_partials."""
     if not _skinny(x, decode):
         return silu_mul(F.linear(x, gate_up_weight))
     out = torch.empty(x.shape[0], gate_up_weight.shape[0] // 2, dtype=x.dtype, device=x.device)
-    _launch(x, gate_up_weight, out, splits=1, gated=True, prefetch_tiles=_prefetch_tiles(gate_up_weight),
-            dependents_early=dependents_early)
+    _launch(
+        x,
+        gate_up_weight,
+        out,
+        splits=1,
+        gated=True,
+        prefetch_tiles=_prefetch_tiles(gate_up_weight),
+        dependents_early=dependents_early,
+    )
     return out
 
 
-def linear_partials(x: torch.Tensor, weight: torch.Tensor, decode: bool = True, splits: int | None = None,
-                    launched_early: bool = False) -> torch.Tensor:
+def linear_partials(
+    x: torch.Tensor, weight: torch.Tensor, decode: bool = True, splits: int | None = None, launched_early: bool = False
+) -> torch.Tensor:
     """x @ weight^T as [S, T, N] fp32 partial sums over S slices of K ([1, T, N] in x's dtype from
     cuBLAS), for `add_rms_norm` to add up. By default the N / BLOCK_N column tiles x S programs are
     one per SM at most, with slices of at least 4 K-tiles (whole tiles, the last slice shorter where K
@@ -193,10 +253,12 @@ def linear_partials(x: torch.Tensor, weight: torch.Tensor, decode: bool = True, 
     return out
 
 
-def mlp_partials(x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor,
-                 decode: bool = True) -> torch.Tensor:
+def mlp_partials(
+    x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor, decode: bool = True
+) -> torch.Tensor:
     """down_proj(silu(gate) * up) as [S, T, hidden] partial sums, like `linear_partials`; up to
     MLP_EARLY_ROWS rows down_proj launches as gate/up starts and requests its first weight tiles early."""
     early = _skinny(x, decode) and x.shape[0] <= MLP_EARLY_ROWS
-    return linear_partials(gated_linear(x, gate_up_weight, decode, dependents_early=early), down_weight, decode,
-                           launched_early=early)
+    return linear_partials(
+        gated_linear(x, gate_up_weight, decode, dependents_early=early), down_weight, decode, launched_early=early
+    )

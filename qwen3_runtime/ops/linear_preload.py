@@ -9,6 +9,7 @@ is loaded and the MMAs run. H200, Qwen3-4B, profile_decode wall time per step ag
 Triton kernel, same run: batch 1 2.514 -> 2.447 ms, batch 8 2.725 -> 2.673 ms. Larger batches keep
 the skinny kernel: attention's own programs then leave no SM room for ~200 KB of weights.
 """
+
 from __future__ import annotations
 
 import functools
@@ -17,8 +18,13 @@ import torch
 import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
-from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
-                                                              warpgroup_mma_wait)
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_wait,
+)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
@@ -36,8 +42,20 @@ _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
 @gluon.jit
-def _preload_gemm_kernel(w_desc, x_desc, out_ptr, M, N, k_tiles, total_k_tiles, stride_os, stride_om,
-                         MAX_K_TILES: gl.constexpr, USE_PDL: gl.constexpr, num_warps: gl.constexpr):
+def _preload_gemm_kernel(
+    w_desc,
+    x_desc,
+    out_ptr,
+    M,
+    N,
+    k_tiles,
+    total_k_tiles,
+    stride_os,
+    stride_om,
+    MAX_K_TILES: gl.constexpr,
+    USE_PDL: gl.constexpr,
+    num_warps: gl.constexpr,
+):
     """Program (column tile, split): out[split, :M, tile] = (W[tile, slice] @ x[:, slice]^T)^T, the slice's
     k_tiles weight tiles all resident in shared memory (the last slice may be shorter)."""
     BLOCK_N: gl.constexpr = w_desc.block_type.shape[0]
@@ -63,14 +81,15 @@ def _preload_gemm_kernel(w_desc, x_desc, out_ptr, M, N, k_tiles, total_k_tiles, 
     for s in gl.static_range(MAX_K_TILES):
         _tma_load(x_desc, [0, (first + s) * BLOCK_K], ready.index(s), x_smem.index(s), pred=s < n_k)
 
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                  instr_shape=[16, BLOCK_M, 16])
+    mma: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, BLOCK_M, 16]
+    )
     acc = gl.zeros((BLOCK_N, BLOCK_M), gl.float32, layout=mma)
     for i in range(n_k):
         mbarrier.wait(ready.index(i), 0)
         acc = warpgroup_mma(w_smem.index(i), x_smem.index(i).permute((1, 0)), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc, ))
-    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc, ))
+        acc = warpgroup_mma_wait(num_outstanding=1, deps=(acc,))
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
     for s in gl.static_range(MAX_K_TILES):
         mbarrier.invalidate(ready.index(s))
 
@@ -91,8 +110,15 @@ def preload_plan(n: int, k: int, sms: int) -> tuple[int, int]:
 
 def preload_applies(rows: int, weight: torch.Tensor) -> bool:
     """Whether `preloaded_partials` serves this projection: Hopper, bf16, few rows, weights that fit."""
-    if not (0 < rows <= MAX_ROWS and weight.is_cuda and weight.dtype == torch.bfloat16 and not TRITON_INTERPRET
-            and _hopper(weight.device) and weight.is_contiguous() and weight.shape[1] % 8 == 0):
+    if not (
+        0 < rows <= MAX_ROWS
+        and weight.is_cuda
+        and weight.dtype == torch.bfloat16
+        and not TRITON_INTERPRET
+        and _hopper(weight.device)
+        and weight.is_contiguous()
+        and weight.shape[1] % 8 == 0
+    ):
         return False
     _, per_slice = preload_plan(*weight.shape, num_sms(weight.device))
     return per_slice * (TILE_N + MAX_ROWS) * TILE_K * weight.element_size() <= SMEM_BUDGET
@@ -117,6 +143,17 @@ def preloaded_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     out = torch.empty(splits, rows, n, dtype=torch.float32, device=x.device)
     x_desc = _descriptor(x, [max(8, triton.next_power_of_2(rows)), TILE_K])
     _preload_gemm_kernel[(triton.cdiv(n, TILE_N), splits)](
-        _descriptor(weight, [TILE_N, TILE_K]), x_desc, out, rows, n, per_slice, triton.cdiv(k, TILE_K),
-        out.stride(0), out.stride(1), MAX_K_TILES=per_slice, num_warps=4, **pdl_launch(x))
+        _descriptor(weight, [TILE_N, TILE_K]),
+        x_desc,
+        out,
+        rows,
+        n,
+        per_slice,
+        triton.cdiv(k, TILE_K),
+        out.stride(0),
+        out.stride(1),
+        MAX_K_TILES=per_slice,
+        num_warps=4,
+        **pdl_launch(x),
+    )
     return out

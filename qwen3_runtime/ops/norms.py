@@ -10,6 +10,7 @@ Rounding follows Hugging Face's bf16 semantics where it is observable: the resid
 the model dtype before it is normalised, and the normalised value is rounded before the weight
 multiplies it. Each kernel has a plain PyTorch reference, used on the CPU by default.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,9 +23,19 @@ from qwen3_runtime.ops import pdl_launch, use_triton
 
 
 @triton.jit
-def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n_cols, stride_part, eps,
-                         NUM_PARTS: tl.constexpr, HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
-                         USE_PDL: tl.constexpr):
+def _add_rms_norm_kernel(
+    x_ptr,
+    residual_ptr,
+    weight_ptr,
+    out_ptr,
+    n_cols,
+    stride_part,
+    eps,
+    NUM_PARTS: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < n_cols
@@ -48,8 +59,9 @@ def _add_rms_norm_kernel(x_ptr, residual_ptr, weight_ptr, out_ptr, n_cols, strid
     tl.store(out_ptr + row * n_cols + cols, (normed * weight).to(dtype), mask=mask)
 
 
-def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                 residual: torch.Tensor | None = None) -> torch.Tensor:
+def add_rms_norm(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor:
     """RMSNorm(x) or, with `residual`, residual += x (in place) and RMSNorm(residual). x is [T, D], or
     with `residual` also [S, T, D]: partial sums of a split projection (`linear_partials`), added first."""
     if not use_triton(x):
@@ -59,11 +71,20 @@ def add_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     out = torch.empty(parts.shape[1:], dtype=x.dtype if residual is None else residual.dtype, device=x.device)
     block = triton.next_power_of_2(out.shape[1])
     if out.shape[0]:
-        _add_rms_norm_kernel[(out.shape[0],)](parts, x if residual is None else residual, weight, out, out.shape[1],
-                                              parts.stride(0), eps, NUM_PARTS=parts.shape[0],
-                                              HAS_RESIDUAL=residual is not None,
-                                              BLOCK=block, num_warps=_norm_warps(block),
-                                              **pdl_launch(x))
+        _add_rms_norm_kernel[(out.shape[0],)](
+            parts,
+            x if residual is None else residual,
+            weight,
+            out,
+            out.shape[1],
+            parts.stride(0),
+            eps,
+            NUM_PARTS=parts.shape[0],
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=block,
+            num_warps=_norm_warps(block),
+            **pdl_launch(x),
+        )
     return out
 
 
@@ -74,8 +95,9 @@ def _norm_warps(block: int) -> int:
     return min(32, max(4, block // 128))
 
 
-def add_rms_norm_reference(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                           residual: torch.Tensor | None = None) -> torch.Tensor:
+def add_rms_norm_reference(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, residual: torch.Tensor | None = None
+) -> torch.Tensor:
     if residual is not None:
         if x.dim() == 3:
             x = x.sum(0, dtype=torch.float32).to(residual.dtype)
@@ -109,8 +131,9 @@ def silu_mul(gate_up: torch.Tensor) -> torch.Tensor:
     out = torch.empty(tokens, n_cols, dtype=gate_up.dtype, device=gate_up.device)
     block = min(1024, triton.next_power_of_2(n_cols))
     if tokens:
-        _silu_mul_kernel[(tokens, triton.cdiv(n_cols, block))](gate_up, out, n_cols, BLOCK=block, num_warps=4,
-                                                                          **pdl_launch(gate_up))
+        _silu_mul_kernel[(tokens, triton.cdiv(n_cols, block))](
+            gate_up, out, n_cols, BLOCK=block, num_warps=4, **pdl_launch(gate_up)
+        )
     return out
 
 

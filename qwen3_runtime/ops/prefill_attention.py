@@ -3,6 +3,7 @@
 Runs eagerly (never inside a CUDA graph), so a per-sequence loop over PyTorch's
 fused SDPA is enough: the prompt's matmuls dominate, not the loop.
 """
+
 import torch
 import torch.nn.functional as F
 
@@ -21,8 +22,6 @@ def prefill_attention(
             continue
         # SDPA wants [heads, tokens, D].
         seq_q, seq_k, seq_v = (t[start:end].transpose(0, 1) for t in (q, k, v))
-        seq_out = F.scaled_dot_product_attention(
-            seq_q, seq_k, seq_v, is_causal=True, scale=scale, enable_gqa=True
-        )
+        seq_out = F.scaled_dot_product_attention(seq_q, seq_k, seq_v, is_causal=True, scale=scale, enable_gqa=True)
         out[start:end] = seq_out.transpose(0, 1)
     return out

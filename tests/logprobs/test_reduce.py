@@ -3,6 +3,7 @@
 CPU tests keep V small and chunks tiny so that rows still span several chunks,
 groups and blocks; the `gpu` tests run V = 151936 on a CUDA device.
 """
+
 import numpy as np
 import pytest
 import torch
@@ -30,8 +31,9 @@ def run(logits, token_ids, num_top, k_max, config=TINY, row_mask=None, out=None)
     if out is None:
         out = LogprobBuffers.allocate(n_rows, k_max, vocab, logits.device, config)
     to = dict(device=logits.device)
-    return reduce_logprobs(logits, torch.as_tensor(token_ids, **to), torch.as_tensor(num_top, **to), k_max,
-                           row_mask=row_mask, out=out)
+    return reduce_logprobs(
+        logits, torch.as_tensor(token_ids, **to), torch.as_tensor(num_top, **to), k_max, row_mask=row_mask, out=out
+    )
 
 
 def expected_status(row: torch.Tensor, token_id: int) -> int:
@@ -88,20 +90,22 @@ def hard_rows(vocab: int, seed: int) -> torch.Tensor:
     masked = torch.full((vocab,), float("-inf"))
     masked[torch.randint(0, vocab, (3,), generator=gen)] = torch.randn(3, generator=gen)
     half_masked = torch.randn(vocab, generator=gen)
-    half_masked[vocab // 4: 3 * vocab // 4] = float("-inf")
+    half_masked[vocab // 4 : 3 * vocab // 4] = float("-inf")
     zeros = torch.zeros(vocab)
     zeros[::3] = -0.0
-    return torch.stack([
-        few_values,  # heavy ties
-        torch.zeros(vocab),  # one value everywhere
-        zeros,  # -0.0 ties +0.0
-        masked,  # almost all -inf: the top-k ends in -inf ties
-        half_masked,
-        ids / vocab,  # ascending: all winners in the last blocks
-        -ids / vocab,  # descending
-        torch.randn(vocab, generator=gen) * 3 + 1e4,
-        torch.randn(vocab, generator=gen) * 3 - 1e4,
-    ])
+    return torch.stack(
+        [
+            few_values,  # heavy ties
+            torch.zeros(vocab),  # one value everywhere
+            zeros,  # -0.0 ties +0.0
+            masked,  # almost all -inf: the top-k ends in -inf ties
+            half_masked,
+            ids / vocab,  # ascending: all winners in the last blocks
+            -ids / vocab,  # descending
+            torch.randn(vocab, generator=gen) * 3 + 1e4,
+            torch.randn(vocab, generator=gen) * 3 - 1e4,
+        ]
+    )
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
@@ -186,8 +190,9 @@ def test_status_rows():
     assert out.status.tolist() == [1, 1, 1, 2, 2, 1]
 
 
-def check_row_mask_leaves_other_rows_untouched(logits: torch.Tensor, config: ReduceConfig,
-                                               mask_dtype: torch.dtype = torch.bool) -> None:
+def check_row_mask_leaves_other_rows_untouched(
+    logits: torch.Tensor, config: ReduceConfig, mask_dtype: torch.dtype = torch.bool
+) -> None:
     n_rows, vocab = logits.shape
     k_max = 5
     out = LogprobBuffers.allocate(n_rows, k_max, vocab, logits.device, config)
@@ -225,7 +230,7 @@ def check_determinism(logits, token_ids, num_top, k_max, config, row: int) -> No
     """Row `row` alone, inside the whole batch, and the batch again: identical bits."""
     batch = run(logits, token_ids, num_top, k_max, config)
     again = run(logits, token_ids, num_top, k_max, config)
-    alone = run(logits[row:row + 1].clone(), token_ids[row:row + 1], num_top[row:row + 1], k_max, config)
+    alone = run(logits[row : row + 1].clone(), token_ids[row : row + 1], num_top[row : row + 1], k_max, config)
     assert_same_bits(alone, 0, batch, row)
     for i in range(logits.shape[0]):
         assert_same_bits(again, i, batch, i)
@@ -265,8 +270,9 @@ def test_out_with_the_wrong_size_is_refused():
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gpu_full_vocabulary(dtype):
     n_rows = 64
-    logits = torch.cat([realistic_logits(n_rows - 9, QWEN_VOCAB, seed=21, dtype=dtype),
-                        hard_rows(QWEN_VOCAB, seed=22).to(dtype)]).cuda()
+    logits = torch.cat(
+        [realistic_logits(n_rows - 9, QWEN_VOCAB, seed=21, dtype=dtype), hard_rows(QWEN_VOCAB, seed=22).to(dtype)]
+    ).cuda()
     token_ids = torch.randint(0, QWEN_VOCAB, (n_rows,), generator=torch.Generator().manual_seed(23))
     num_top = torch.tensor([20, 0, 1, 5, 17, 20, 20, 2] * 8)
     out = check_all(logits, token_ids.cuda(), num_top.cuda(), 20, ReduceConfig())

@@ -1,4 +1,5 @@
 """The float64 host reference `token_logprob_from_row`."""
+
 import math
 import re
 
@@ -14,8 +15,7 @@ def brute_force(row: list[float], token_id: int, k: int) -> TokenLogprob:
     lse = math.log(sum(math.exp(v) for v in row))
     order = sorted(range(len(row)), key=lambda i: (-row[i], i))
     top = order if k == -1 else order[:k]
-    return TokenLogprob(token_id, row[token_id] - lse, order.index(token_id) + 1, lse,
-                        top, [row[i] - lse for i in top])
+    return TokenLogprob(token_id, row[token_id] - lse, order.index(token_id) + 1, lse, top, [row[i] - lse for i in top])
 
 
 def test_small_row_by_hand():
@@ -76,11 +76,14 @@ def test_large_offsets_keep_precision():
     assert got.logprob == pytest.approx(shifted.logprob, abs=1e-11)
 
 
-@pytest.mark.parametrize("make", [
-    lambda v: torch.tensor(v, dtype=torch.bfloat16),
-    lambda v: torch.tensor(v, dtype=torch.float32),
-    lambda v: np.array(v, dtype=np.float16),
-])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda v: torch.tensor(v, dtype=torch.bfloat16),
+        lambda v: torch.tensor(v, dtype=torch.float32),
+        lambda v: np.array(v, dtype=np.float16),
+    ],
+)
 def test_float_dtypes_are_widened_exactly(make):
     values = [0.1, 2.5, -3.75, 2.5]
     row = make(values)
@@ -91,17 +94,20 @@ def test_float_dtypes_are_widened_exactly(make):
     assert got.top_ids == [1, 3] and got.rank == 2
 
 
-@pytest.mark.parametrize("row, token_id, k, message", [
-    (np.zeros(5), 7, 1, "token_id=7 is outside [0, 5)"),
-    (np.zeros(5), -1, 1, "token_id=-1 is outside [0, 5)"),
-    (np.zeros(5), 0, -2, "k=-2 is outside [-1, 5]"),
-    (np.zeros(5), 0, 6, "k=6 is outside [-1, 5]"),
-    (np.zeros(0), 0, 0, "non-empty 1-D"),
-    (np.zeros((2, 3)), 0, 0, "non-empty 1-D"),
-    (np.array([0.0, np.nan]), 0, 1, "NaN"),
-    (np.array([0.0, np.inf]), 0, 1, "+inf"),
-    (np.full(3, -np.inf), 0, 1, "entirely -inf"),
-])
+@pytest.mark.parametrize(
+    "row, token_id, k, message",
+    [
+        (np.zeros(5), 7, 1, "token_id=7 is outside [0, 5)"),
+        (np.zeros(5), -1, 1, "token_id=-1 is outside [0, 5)"),
+        (np.zeros(5), 0, -2, "k=-2 is outside [-1, 5]"),
+        (np.zeros(5), 0, 6, "k=6 is outside [-1, 5]"),
+        (np.zeros(0), 0, 0, "non-empty 1-D"),
+        (np.zeros((2, 3)), 0, 0, "non-empty 1-D"),
+        (np.array([0.0, np.nan]), 0, 1, "NaN"),
+        (np.array([0.0, np.inf]), 0, 1, "+inf"),
+        (np.full(3, -np.inf), 0, 1, "entirely -inf"),
+    ],
+)
 def test_errors_name_the_problem(row, token_id, k, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         token_logprob_from_row(row, token_id, k)

@@ -6,6 +6,7 @@ stop the compiler from seeing the kernels.
 Each op runs once on small CPU tensors with its kernel replaced by a recorder (nothing launches), so
 the compiled specialisation is the one the op's own launch code picks, with USE_PDL on as on Hopper.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,17 +18,29 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from qwen3_runtime.logprobs import kernels as logprob_kernels, reduce as logprob_reduce
+from qwen3_runtime.logprobs import kernels as logprob_kernels
+from qwen3_runtime.logprobs import reduce as logprob_reduce
 from qwen3_runtime.ops import attention_inputs, decode_attention, greedy, linear, linear_preload, norms
 
-KERNELS = {linear: ["_skinny_gemm_kernel"], linear_preload: ["_preload_gemm_kernel"],
-           greedy: ["_chunk_max_kernel", "_row_max_kernel"],
-           norms: ["_add_rms_norm_kernel", "_silu_mul_kernel"],
-           attention_inputs: ["_attention_inputs_kernel"],
-           decode_attention: ["_decode_attention_kernel"],
-           logprob_kernels: ["chunk_stats_kernel", "finish_rows_kernel"]}
-TYPES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32", torch.int8: "i8", torch.uint8: "u8",
-         torch.int32: "i32", torch.int64: "i64", torch.bool: "i1"}
+KERNELS = {
+    linear: ["_skinny_gemm_kernel"],
+    linear_preload: ["_preload_gemm_kernel"],
+    greedy: ["_chunk_max_kernel", "_row_max_kernel"],
+    norms: ["_add_rms_norm_kernel", "_silu_mul_kernel"],
+    attention_inputs: ["_attention_inputs_kernel"],
+    decode_attention: ["_decode_attention_kernel"],
+    logprob_kernels: ["chunk_stats_kernel", "finish_rows_kernel"],
+}
+TYPES = {
+    torch.bfloat16: "bf16",
+    torch.float16: "fp16",
+    torch.float32: "fp32",
+    torch.int8: "i8",
+    torch.uint8: "u8",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.bool: "i1",
+}
 GLOBAL_ACCESS = re.compile(r"\b(?:ld|st|atom|red)\.global|\bcp\.async\S*global")
 launches: list[tuple[triton.JITFunction, tuple, dict]] = []
 
@@ -58,14 +71,33 @@ def run_ops() -> None:
     greedy.greedy_max(torch.randn(2, 5000))
     heads, kv_heads, dim, block = 4, 2, 32, 16
     caches = [torch.zeros(4, block, kv_heads, dim, **bf16) for _ in range(2)]
-    attention_inputs.attention_inputs(torch.randn(2, (heads + 2 * kv_heads) * dim, **bf16), heads, kv_heads,
-                                      torch.ones(dim, **bf16), torch.ones(dim, **bf16), 1e-6, torch.randn(64, dim),
-                                      torch.arange(2), *caches, torch.arange(2))
-    decode_attention.paged_decode_attention(torch.randn(2, heads, dim, **bf16), *caches,
-                                            torch.arange(4, dtype=torch.int32).view(2, 2),
-                                            torch.tensor([20, 30], dtype=torch.int32), dim ** -0.5, num_splits=2)
-    logprob_reduce.reduce_logprobs(torch.randn(2, 5000), torch.tensor([1, 2]), torch.tensor([3, 0], dtype=torch.int32),
-                                   4, row_mask=torch.tensor([True, False]))
+    attention_inputs.attention_inputs(
+        torch.randn(2, (heads + 2 * kv_heads) * dim, **bf16),
+        heads,
+        kv_heads,
+        torch.ones(dim, **bf16),
+        torch.ones(dim, **bf16),
+        1e-6,
+        torch.randn(64, dim),
+        torch.arange(2),
+        *caches,
+        torch.arange(2),
+    )
+    decode_attention.paged_decode_attention(
+        torch.randn(2, heads, dim, **bf16),
+        *caches,
+        torch.arange(4, dtype=torch.int32).view(2, 2),
+        torch.tensor([20, 30], dtype=torch.int32),
+        dim**-0.5,
+        num_splits=2,
+    )
+    logprob_reduce.reduce_logprobs(
+        torch.randn(2, 5000),
+        torch.tensor([1, 2]),
+        torch.tensor([3, 0], dtype=torch.int32),
+        4,
+        row_mask=torch.tensor([True, False]),
+    )
 
 
 def _type(value) -> str:
@@ -76,7 +108,7 @@ def _type(value) -> str:
     if isinstance(value, bool):
         return "i1"
     if isinstance(value, int):
-        return "i32" if -2**31 <= value < 2**31 else "i64"
+        return "i32" if -(2**31) <= value < 2**31 else "i64"
     return "fp32"
 
 
@@ -101,8 +133,13 @@ def main() -> None:
     for kernel, args, kwargs in launches:
         ptx = compile_for_hopper(kernel, args, kwargs)
         wait = ptx.find("griddepcontrol.wait")
-        report.append({"kernel": kernel.__name__, "wait": wait,
-                       "before_wait": [a.group(0) for a in GLOBAL_ACCESS.finditer(ptx[:max(wait, 0)])]})
+        report.append(
+            {
+                "kernel": kernel.__name__,
+                "wait": wait,
+                "before_wait": [a.group(0) for a in GLOBAL_ACCESS.finditer(ptx[: max(wait, 0)])],
+            }
+        )
     print(json.dumps(report))
 
 

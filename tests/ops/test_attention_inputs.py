@@ -6,8 +6,17 @@ from qwen3_runtime.ops.attention_inputs import attention_inputs, attention_input
 SENTINEL = -12345.0
 
 
-def _inputs(tokens: int, heads: int, kv_heads: int, head_dim: int, block_size: int, num_blocks: int,
-            dtype: torch.dtype, device: str = "cpu", seed: int = 0):
+def _inputs(
+    tokens: int,
+    heads: int,
+    kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    num_blocks: int,
+    dtype: torch.dtype,
+    device: str = "cpu",
+    seed: int = 0,
+):
     gen = torch.Generator().manual_seed(seed)
     qkv = (torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=gen) * 3).to(dtype).to(device)
     qw, kw = (torch.randn(head_dim, generator=gen).to(dtype).to(device) for _ in range(2))
@@ -34,10 +43,12 @@ def _expected_cache(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor)
 @pytest.mark.parametrize("implementation", [attention_inputs, attention_inputs_reference])
 def test_normed_rotated_and_stored_exactly_at_the_mapped_slots(head_dim, block_size, implementation):
     heads, kv_heads, tokens = 4, 2, 7
-    qkv, qw, kw, cos_sin, positions, (k_cache, v_cache), slots = _inputs(tokens, heads, kv_heads, head_dim,
-                                                                          block_size, 3, torch.float32)
-    q_ref, k_ref, v_ref = attention_inputs_reference(qkv, heads, kv_heads, qw, kw, 1e-6, cos_sin, positions,
-                                                     k_cache.clone(), v_cache.clone(), slots)
+    qkv, qw, kw, cos_sin, positions, (k_cache, v_cache), slots = _inputs(
+        tokens, heads, kv_heads, head_dim, block_size, 3, torch.float32
+    )
+    q_ref, k_ref, v_ref = attention_inputs_reference(
+        qkv, heads, kv_heads, qw, kw, 1e-6, cos_sin, positions, k_cache.clone(), v_cache.clone(), slots
+    )
     expected_k, expected_v = _expected_cache(k_cache, k_ref, slots), _expected_cache(v_cache, v_ref, slots)
 
     q, k, v = implementation(qkv, heads, kv_heads, qw, kw, 1e-6, cos_sin, positions, k_cache, v_cache, slots)

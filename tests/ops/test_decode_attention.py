@@ -85,9 +85,16 @@ def test_reference_matches_dense_float64(block_size, num_kv_heads, group_size):
 # (block_size, num_kv_heads, group_size, num_splits): every block size, GQA groups 1 to 8
 # with 1 and 2 KV heads, one split, several, and more splits than the rows have blocks.
 KERNEL_CASES = [
-    (8, 1, 1, 1), (8, 2, 4, 3), (8, 1, 8, 16),
-    (16, 2, 1, 16), (16, 1, 2, 1), (16, 2, 8, 3), (16, 1, 3, 5),
-    (32, 1, 4, 2), (32, 2, 2, 16), (32, 2, 8, 1),
+    (8, 1, 1, 1),
+    (8, 2, 4, 3),
+    (8, 1, 8, 16),
+    (16, 2, 1, 16),
+    (16, 1, 2, 1),
+    (16, 2, 8, 3),
+    (16, 1, 3, 5),
+    (32, 1, 4, 2),
+    (32, 2, 2, 16),
+    (32, 2, 8, 1),
 ]
 
 
@@ -118,7 +125,15 @@ def _check_kernel(block_size, num_kv_heads, group_size, num_splits):
 
     for _ in range(2):  # the second call reuses the split counts the first left behind
         paged_decode_attention(
-            q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale, num_splits, out=out, workspace=workspace,
+            q,
+            kv.k_cache,
+            kv.v_cache,
+            kv.block_tables,
+            kv.seq_lens,
+            scale,
+            num_splits,
+            out=out,
+            workspace=workspace,
         )
 
         assert not out.isnan().any()
@@ -171,8 +186,16 @@ def test_kernel_matches_reference_on_gpu_bf16(batch, dependents_early):
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     expected = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 128**-0.5)
     for num_splits in sorted({1, default_num_splits(batch, 8, 4096, num_sms), MAX_SPLITS}):
-        out = paged_decode_attention(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, 128**-0.5, num_splits,
-                                     dependents_early=dependents_early)
+        out = paged_decode_attention(
+            q,
+            kv.k_cache,
+            kv.v_cache,
+            kv.block_tables,
+            kv.seq_lens,
+            128**-0.5,
+            num_splits,
+            dependents_early=dependents_early,
+        )
         assert not out.isnan().any()
         assert _max_rel_err(out, expected) <= 1e-2, num_splits
 
@@ -188,7 +211,15 @@ def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
 
     def step():
         paged_decode_attention(
-            q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale, num_splits, out=out, workspace=workspace,
+            q,
+            kv.k_cache,
+            kv.v_cache,
+            kv.block_tables,
+            kv.seq_lens,
+            scale,
+            num_splits,
+            out=out,
+            workspace=workspace,
         )
 
     step()  # compile outside the capture

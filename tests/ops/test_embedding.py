@@ -1,4 +1,5 @@
 """The decode step's input-token selection and embedding against its PyTorch reference."""
+
 import pytest
 import torch
 
@@ -25,5 +26,6 @@ def test_embed_matches_reference_on_the_gpu():
     input_ids = torch.randint(0, 151936, (8,), device="cuda")
     prev_row = torch.tensor([-1, 3, 0, -1, 7, 2, -1, 1], device="cuda")
     sampled = torch.randint(0, 151936, (8, 45), device="cuda", dtype=torch.int32)[:, 0]
-    assert torch.equal(embed(weight, input_ids, prev_row, sampled),
-                       embed_reference(weight, input_ids, prev_row, sampled))
+    assert torch.equal(
+        embed(weight, input_ids, prev_row, sampled), embed_reference(weight, input_ids, prev_row, sampled)
+    )

@@ -1,4 +1,5 @@
 """The greedy row maximum and token against `logits.max(dim=-1)` (Triton in the interpreter on the CPU)."""
+
 import pytest
 import torch
 

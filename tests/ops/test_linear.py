@@ -38,11 +38,12 @@ def test_gated_linear_is_silu_of_gate_times_up(rows, n, k):
     gen = torch.Generator().manual_seed(rows + n)
     x, weight = torch.randn(rows, k, generator=gen), torch.randn(2 * n, k, generator=gen)
     out = gated_linear(x, weight)
-    ref = silu_mul_reference((x.double() @ weight.double().t()))
+    ref = silu_mul_reference(x.double() @ weight.double().t())
     assert out.shape == (rows, n)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
-    torch.testing.assert_close(gated_linear(x, weight, decode=False).double(), ref, rtol=1e-5,
-                               atol=1e-6 * ref.abs().max().item())
+    torch.testing.assert_close(
+        gated_linear(x, weight, decode=False).double(), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item()
+    )
 
 
 @pytest.mark.parametrize("rows", [1, 9])  # down_proj launched early, and not
@@ -50,8 +51,9 @@ def test_mlp_partials_add_up_to_down_of_the_gated_product(rows):
     gen = torch.Generator().manual_seed(rows)
     x, gate_up, down = (torch.randn(shape, generator=gen) for shape in ((rows, 128), (128, 128), (80, 64)))
     ref = silu_mul_reference(x.double() @ gate_up.double().t()) @ down.double().t()
-    torch.testing.assert_close(mlp_partials(x, gate_up, down).sum(0).double(), ref, rtol=1e-5,
-                               atol=1e-6 * ref.abs().max().item())
+    torch.testing.assert_close(
+        mlp_partials(x, gate_up, down).sum(0).double(), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item()
+    )
 
 
 def test_down_proj_launches_early_and_prefetches_up_to_mlp_early_rows(monkeypatch):
@@ -113,4 +115,3 @@ def test_bf16_projections_of_qwen3_4b_on_the_gpu(rows):
             gated = gated_linear(x, weight)
             unfused = silu_mul(linear(x, weight))
             assert (gated.float() - unfused.float()).abs().max() <= 1e-2 * unfused.float().abs().max()
-

@@ -3,12 +3,14 @@ import torch
 
 from qwen3_runtime.ops.linear_preload import MAX_ROWS, preload_applies, preload_plan, preloaded_partials
 
-hopper = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0),
-                            reason="needs a Hopper GPU")
+hopper = pytest.mark.skipif(
+    not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0), reason="needs a Hopper GPU"
+)
 
 
-@pytest.mark.parametrize("n,k,sms", [(2560, 4096, 132), (1024, 2048, 132), (200, 384, 132), (96, 1000, 132),
-                                     (5120, 5120, 132), (64, 128, 1)])
+@pytest.mark.parametrize(
+    "n,k,sms", [(2560, 4096, 132), (1024, 2048, 132), (200, 384, 132), (96, 1000, 132), (5120, 5120, 132), (64, 128, 1)]
+)
 def test_the_plan_covers_k_with_at_most_one_program_per_sm(n, k, sms):
     splits, per_slice = preload_plan(n, k, sms)
     k_tiles, column_tiles = -(-k // 128), -(-n // 64)

@@ -1,4 +1,5 @@
 """Fused norm kernels against their references (Triton in the interpreter on the CPU)."""
+
 import pytest
 import torch
 
