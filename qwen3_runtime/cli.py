@@ -10,8 +10,8 @@ import time
 import numpy as np
 
 from qwen3_runtime.config import ConfigError, bundled_configs, load_config, parse_override
+from qwen3_runtime.request import RequestOutput
 from qwen3_runtime.runtime import Runtime
-from qwen3_runtime.sequence import RequestOutput
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,7 +7,7 @@ from collections import deque
 import torch
 
 from qwen3_runtime.config import ArchitectureConfig
-from qwen3_runtime.sequence import Sequence
+from qwen3_runtime.request import Request
 
 
 def cdiv(a: int, b: int) -> int:
@@ -42,17 +42,17 @@ class BlockManager:
         self.block_size = block_size
         self.free: deque[int] = deque(range(num_blocks))
 
-    def blocks_needed(self, seq: Sequence) -> int:
-        """Blocks `seq` lacks to hold all its tokens (the next forward writes up to num_tokens)."""
-        return max(0, cdiv(seq.num_tokens, self.block_size) - len(seq.block_table))
+    def blocks_needed(self, req: Request) -> int:
+        """Blocks `req` lacks to hold all its tokens (the next forward writes up to num_tokens)."""
+        return max(0, cdiv(req.num_tokens, self.block_size) - len(req.block_table))
 
-    def can_grow(self, seq: Sequence) -> bool:
-        return self.blocks_needed(seq) <= len(self.free)
+    def can_grow(self, req: Request) -> bool:
+        return self.blocks_needed(req) <= len(self.free)
 
-    def grow(self, seq: Sequence) -> None:
-        for _ in range(self.blocks_needed(seq)):
-            seq.block_table.append(self.free.popleft())
+    def grow(self, req: Request) -> None:
+        for _ in range(self.blocks_needed(req)):
+            req.block_table.append(self.free.popleft())
 
-    def release(self, seq: Sequence) -> None:
-        self.free.extend(seq.block_table)
-        seq.block_table = []
+    def release(self, req: Request) -> None:
+        self.free.extend(req.block_table)
+        req.block_table = []

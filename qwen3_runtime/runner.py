@@ -27,8 +27,8 @@ from qwen3_runtime.ops.decode_attention import default_num_splits
 from qwen3_runtime.ops.embedding import embed
 from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.packing import PackedLogprobs, pack, packed_width
+from qwen3_runtime.request import Request
 from qwen3_runtime.sampler import processed_logits, sample
-from qwen3_runtime.sequence import Sequence
 from qwen3_runtime.step_inputs import RequestRow, StepInputs
 
 GREEDY, RANDOM = "greedy", "random"  # graph variants: only random batches sort and draw noise
@@ -46,7 +46,7 @@ class RowResult:
 class StepInFlight:
     """A launched step whose results have not been read: they land in `packed_host[buffer]`."""
 
-    seqs: list[Sequence]
+    reqs: list[Request]
     rows: int
     lp_logits: torch.Tensor
     buffer: int
@@ -80,7 +80,7 @@ class ModelRunner:
         self.staging = StepInputs.allocate(*self.inputs.block_tables.shape, torch.device("cpu"), pin=pin)
         # What each staging row holds, so a row is rewritten only when that changes: its request (whose
         # constants padding overwrites) and its block table (table, length; padding leaves tables alone).
-        self._staged_requests: list[Sequence | None] = [None] * max_rows
+        self._staged_requests: list[Request | None] = [None] * max_rows
         self._staged_tables: list[tuple[list[int] | None, int]] = [(None, 0)] * max_rows
         self.logprobs = LogprobBuffers.allocate(max_rows, self.k_max, vocab, self.device)
         self.prompt_logprobs = LogprobBuffers.allocate(self.lp_config.prompt_chunk_size, self.k_max, vocab, self.device)
@@ -117,27 +117,27 @@ class ModelRunner:
                 self.graphs.capture()
             self.stats.capture_s = time.perf_counter() - start
 
-    def decode(self, seqs: list[Sequence]) -> list[RowResult]:
+    def decode(self, reqs: list[Request]) -> list[RowResult]:
         """One token (and its logprobs) for each running sequence."""
-        return self.collect(self.launch_decode(seqs))
+        return self.collect(self.launch_decode(reqs))
 
     @torch.inference_mode()
-    def launch_decode(self, seqs: list[Sequence], prev_rows: list[int] | None = None) -> StepInFlight:
-        """Stage and run a decode step without waiting for it. prev_rows[i] >= 0: seqs[i]'s input token is
+    def launch_decode(self, reqs: list[Request], prev_rows: list[int] | None = None) -> StepInFlight:
+        """Stage and run a decode step without waiting for it. prev_rows[i] >= 0: reqs[i]'s input token is
         the one sampled for that row by the step still in flight (its host value not known yet)."""
-        batch = self.graphs.padded_size(len(seqs))
-        self._stage(seqs, batch, prev_rows)
+        batch = self.graphs.padded_size(len(reqs))
+        self._stage(reqs, batch, prev_rows)
         buffer = self._next_buffer()
-        _, lp_logits = self.graphs.run(len(seqs), (_variant(seqs), buffer))
+        _, lp_logits = self.graphs.run(len(reqs), (_variant(reqs), buffer))
         self.stats.decode_steps += 1
-        return self._copy_out(seqs, batch, lp_logits, buffer)
+        return self._copy_out(reqs, batch, lp_logits, buffer)
 
-    def overlappable(self, seqs: list[Sequence]) -> bool:
-        """Whether a step over `seqs` may stay in flight while the next one runs (async scheduling): not
+    def overlappable(self, reqs: list[Request]) -> bool:
+        """Whether a step over `reqs` may stay in flight while the next one runs (async scheduling): not
         when a row takes the host logprobs path, which reads the step's logits after the wait (the next
         step reuses them)."""
         return self.async_scheduling and not any(
-            seq.params.logprobs is not None and self._host_path(seq.params.logprobs) for seq in seqs
+            req.params.logprobs is not None and self._host_path(req.params.logprobs) for req in reqs
         )
 
     def _decode_step(self, batch: int, key: tuple[str, int]) -> torch.Tensor:
@@ -169,7 +169,7 @@ class ModelRunner:
         self._buffer ^= 1
         return self._buffer
 
-    def _copy_out(self, seqs: list[Sequence], rows: int, lp_logits: torch.Tensor, buffer: int) -> StepInFlight:
+    def _copy_out(self, reqs: list[Request], rows: int, lp_logits: torch.Tensor, buffer: int) -> StepInFlight:
         """The step's one device-to-host copy of `self.packed[buffer]`, on the copy stream after the step."""
         self._unread[buffer] = True
         source, target = self.packed[buffer, :rows], self.packed_host[buffer, :rows]
@@ -180,56 +180,56 @@ class ModelRunner:
             with torch.cuda.stream(self._copy_stream):
                 target.copy_(source, non_blocking=True)
                 self._copied[buffer].record()
-        return StepInFlight(seqs, rows, lp_logits, buffer)
+        return StepInFlight(reqs, rows, lp_logits, buffer)
 
     @torch.inference_mode()
-    def prefill(self, seqs: list[Sequence]) -> list[RowResult]:
+    def prefill(self, reqs: list[Request]) -> list[RowResult]:
         """Whole prompts (or a preempted sequence's tokens) in one pass; samples each one's next token."""
-        lengths = [seq.num_tokens for seq in seqs]
+        lengths = [req.num_tokens for req in reqs]
         cu_seqlens = np.cumsum([0] + lengths).tolist()
         positions = np.concatenate([np.arange(n) for n in lengths])
-        slots = np.concatenate([self._slots(seq, np.arange(seq.num_tokens)) for seq in seqs])
+        slots = np.concatenate([self._slots(req, np.arange(req.num_tokens)) for req in reqs])
         meta = AttentionMetadata(slot_mapping=self._tensor(slots), cu_seqlens=cu_seqlens)
         hidden = self.model(
-            self._tensor(np.concatenate([seq.tokens for seq in seqs])), self._tensor(positions), self.kv_cache, meta
+            self._tensor(np.concatenate([req.tokens for req in reqs])), self._tensor(positions), self.kv_cache, meta
         )
-        packed_prompts = self._prompt_logprobs(seqs, hidden, cu_seqlens)
-        rows = len(seqs)
-        self._stage(seqs, rows)
+        packed_prompts = self._prompt_logprobs(reqs, hidden, cu_seqlens)
+        rows = len(reqs)
+        self._stage(reqs, rows)
         last = self.model.compute_logits(hidden[self._tensor(cu_seqlens[1:]) - 1])
         buffer = self._next_buffer()
-        lp_logits = self._sample_and_reduce(last, rows, _variant(seqs), self.packed[buffer])
+        lp_logits = self._sample_and_reduce(last, rows, _variant(reqs), self.packed[buffer])
         self.stats.prefill_steps += 1
-        results = self.collect(self._copy_out(seqs, rows, lp_logits, buffer))
+        results = self.collect(self._copy_out(reqs, rows, lp_logits, buffer))
         self._unpack_prompt_logprobs(packed_prompts)  # landed with the step's copy
         return results
 
-    def _prompt_logprobs(self, seqs: list[Sequence], hidden: torch.Tensor, cu_seqlens: list[int]) -> list[Sequence]:
+    def _prompt_logprobs(self, reqs: list[Request], hidden: torch.Tensor, cu_seqlens: list[int]) -> list[Request]:
         """Logprobs of prompt tokens 1..n-1 (token 0 has no context), raw, `prompt_chunk_size` positions
         at a time: at most [chunk, V] logits exist at once. Device-path requests' packed results are
         copied out once, after the last chunk, and read after the step's one wait (returns those
         requests); host-path requests take the full-row path."""
         on_device, chunk = [], self.lp_config.prompt_chunk_size
-        for seq, start in zip(seqs, cu_seqlens):
-            if not seq.needs_prompt_logprobs:
+        for req, start in zip(reqs, cu_seqlens):
+            if not req.needs_prompt_logprobs:
                 continue
-            if not self._host_path(seq.params.prompt_logprobs):
-                on_device.append((seq, start))
+            if not self._host_path(req.params.prompt_logprobs):
+                on_device.append((req, start))
                 continue
-            rows, targets = _scored_positions([(seq, start)])
+            rows, targets = _scored_positions([(req, start)])
             entries = [None]
             for begin in range(0, len(rows), chunk):
                 logits = self.model.compute_logits(hidden[self._tensor(rows[begin : begin + chunk])])
                 entries += [
-                    self._from_full_row(row, target, seq.params.prompt_logprobs)
+                    self._from_full_row(row, target, req.params.prompt_logprobs)
                     for row, target in zip(logits, targets[begin : begin + chunk])
                 ]
-            _set_prompt_logprobs(seq, entries)
+            _set_prompt_logprobs(req, entries)
         if not on_device:
             return []
         rows, targets = _scored_positions(on_device)
         num_top = np.repeat(
-            [seq.params.prompt_logprobs for seq, _ in on_device], [len(seq.prompt) - 1 for seq, _ in on_device]
+            [req.params.prompt_logprobs for req, _ in on_device], [len(req.prompt) - 1 for req, _ in on_device]
         )
         rows, targets, num_top = self._tensor(np.stack([rows, targets, num_top]))  # one upload
         packed = self.prompt_packed[: len(rows)]
@@ -243,14 +243,14 @@ class ModelRunner:
         self.prompt_packed_host[: len(rows)].copy_(packed, non_blocking=True)
         self.stats.d2h_copies += 1
         self.stats.d2h_bytes += packed.numel() * packed.element_size()
-        return [seq for seq, _ in on_device]
+        return [req for req, _ in on_device]
 
-    def _unpack_prompt_logprobs(self, seqs: list[Sequence]) -> None:
+    def _unpack_prompt_logprobs(self, reqs: list[Request]) -> None:
         """Each request's block of the landed prompt copy, kept packed (PackedLogprobs) until read."""
         host, begin = self.prompt_packed_host.numpy(), 0
-        for seq in seqs:
-            end = begin + len(seq.prompt) - 1
-            _set_prompt_logprobs(seq, PackedLogprobs(host[begin:end].copy(), seq.params.prompt_logprobs, leading=1))
+        for req in reqs:
+            end = begin + len(req.prompt) - 1
+            _set_prompt_logprobs(req, PackedLogprobs(host[begin:end].copy(), req.params.prompt_logprobs, leading=1))
             begin = end
 
     def _sample_and_reduce(self, logits: torch.Tensor, batch: int, variant: str, packed: torch.Tensor) -> torch.Tensor:
@@ -274,17 +274,17 @@ class ModelRunner:
 
     def collect(self, step: StepInFlight) -> list[RowResult]:
         """Wait for a launched step's copy and turn its rows into results."""
-        seqs, lp_logits = step.seqs, step.lp_logits
-        host = self._wait_for_copy(step)[: len(seqs)]
+        reqs, lp_logits = step.reqs, step.lp_logits
+        host = self._wait_for_copy(step)[: len(reqs)]
         results = [RowResult(token, error=NOT_FINITE if status else None) for token, status in host[:, :2].tolist()]
         on_device, on_host = [], []
-        for i, seq in enumerate(seqs):
-            if seq.params.logprobs is not None and not results[i].error:
-                (on_host if self._host_path(seq.params.logprobs) else on_device).append(i)
+        for i, req in enumerate(reqs):
+            if req.params.logprobs is not None and not results[i].error:
+                (on_host if self._host_path(req.params.logprobs) else on_device).append(i)
         for i, row in zip(on_device, host[on_device]):  # a copy: the pinned buffer is reused next step
             results[i].logprob = row  # built into a TokenLogprob when read (StepLogprobs)
         for i in on_host:
-            results[i].logprob = self._from_full_row(lp_logits[i], results[i].token_id, seqs[i].params.logprobs)
+            results[i].logprob = self._from_full_row(lp_logits[i], results[i].token_id, reqs[i].params.logprobs)
         return results
 
     def _wait_for_copy(self, step: StepInFlight) -> np.ndarray:
@@ -312,7 +312,7 @@ class ModelRunner:
         except ValueError:  # a row that is not finite: the request is failed by its caller
             return None
 
-    def _stage(self, seqs: list[Sequence], batch: int, prev_rows: list[int] | None = None) -> None:
+    def _stage(self, reqs: list[Request], batch: int, prev_rows: list[int] | None = None) -> None:
         """Fill the rows (each feeding its last token, or with prev_rows the token the step in flight
         samples for that row) and padding up to `batch`, then copy them over."""
         # The last copy out of these rows must have run: it was queued right behind the step already
@@ -320,57 +320,57 @@ class ModelRunner:
         if self._staging_copied is not None and not self._staging_copied.query():
             self._staging_copied.synchronize()
         bs = self.block_size
-        positions = [seq.num_tokens - 1 for seq in seqs]
-        new_requests = {i: self._request_row(seq) for i, seq in enumerate(seqs) if self._staged_requests[i] is not seq}
+        positions = [req.num_tokens - 1 for req in reqs]
+        new_requests = {i: self._request_row(req) for i, req in enumerate(reqs) if self._staged_requests[i] is not req}
         self.staging.fill(
-            len(seqs),
+            len(reqs),
             batch,
-            input_ids=[seq.last_token for seq in seqs],
+            input_ids=[req.last_token for req in reqs],
             positions=positions,
-            slot_mapping=[seq.block_table[p // bs] * bs + p % bs for seq, p in zip(seqs, positions)],
+            slot_mapping=[req.block_table[p // bs] * bs + p % bs for req, p in zip(reqs, positions)],
             seq_lens=[p + 1 for p in positions],
-            prev_rows=prev_rows or [-1] * len(seqs),
+            prev_rows=prev_rows or [-1] * len(reqs),
             requests=new_requests,
         )
-        self._staged_requests[:batch] = seqs + [None] * (batch - len(seqs))
+        self._staged_requests[:batch] = reqs + [None] * (batch - len(reqs))
         tables = self.staging.block_tables.numpy()
-        for i, seq in enumerate(seqs):
+        for i, req in enumerate(reqs):
             # A row's table changes only when a block is added or the row holds another table (another
             # request, or this one readmitted after preemption: release() gives it a new list).
             staged_table, staged_len = self._staged_tables[i]
-            if staged_table is not seq.block_table or staged_len != len(seq.block_table):
-                tables[i, : len(seq.block_table)] = seq.block_table
-                self._staged_tables[i] = (seq.block_table, len(seq.block_table))
+            if staged_table is not req.block_table or staged_len != len(req.block_table):
+                tables[i, : len(req.block_table)] = req.block_table
+                self._staged_tables[i] = (req.block_table, len(req.block_table))
         self.inputs.copy_from(self.staging, batch)
         if self._staging_copied is not None:
             self._staging_copied.record()
 
-    def _request_row(self, seq: Sequence) -> RequestRow:
-        p, k = seq.params, seq.params.logprobs
+    def _request_row(self, req: Request) -> RequestRow:
+        p, k = req.params, req.params.logprobs
         device_k = k if k is not None and not self._host_path(k) else None
         processed = (p.logprobs_mode or self.lp_config.mode) == "processed"
-        return RequestRow((p.top_k, seq.seed, device_k or 0, device_k is not None, processed), (p.temperature, p.top_p))
+        return RequestRow((p.top_k, req.seed, device_k or 0, device_k is not None, processed), (p.temperature, p.top_p))
 
-    def _slots(self, seq: Sequence, positions: np.ndarray) -> np.ndarray:
-        table = np.asarray(seq.block_table, dtype=np.int64)
+    def _slots(self, req: Request, positions: np.ndarray) -> np.ndarray:
+        table = np.asarray(req.block_table, dtype=np.int64)
         return table[positions // self.block_size] * self.block_size + positions % self.block_size
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(self.device, non_blocking=True)
 
 
-def _scored_positions(seqs_and_starts: list[tuple[Sequence, int]]) -> tuple[np.ndarray, np.ndarray]:
+def _scored_positions(seqs_and_starts: list[tuple[Request, int]]) -> tuple[np.ndarray, np.ndarray]:
     """Rows of the prefill's hidden states that score prompt tokens 1..n-1, and those tokens."""
-    rows = [start + np.arange(len(seq.prompt) - 1) for seq, start in seqs_and_starts]
-    targets = [np.asarray(seq.prompt[1:], dtype=np.int64) for seq, _ in seqs_and_starts]
+    rows = [start + np.arange(len(req.prompt) - 1) for req, start in seqs_and_starts]
+    targets = [np.asarray(req.prompt[1:], dtype=np.int64) for req, _ in seqs_and_starts]
     return np.concatenate(rows), np.concatenate(targets)
 
 
-def _set_prompt_logprobs(seq: Sequence, entries: Seq[TokenLogprob | None]) -> None:
-    seq.prompt_logprobs = entries
+def _set_prompt_logprobs(req: Request, entries: Seq[TokenLogprob | None]) -> None:
+    req.prompt_logprobs = entries
     if entries.count(None) > 1:  # beyond the first token's
-        seq.error = NOT_FINITE
+        req.error = NOT_FINITE
 
 
-def _variant(seqs: list[Sequence]) -> str:
-    return RANDOM if any(not s.params.greedy for s in seqs) else GREEDY
+def _variant(reqs: list[Request]) -> str:
+    return RANDOM if any(not s.params.greedy for s in reqs) else GREEDY

@@ -9,18 +9,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
 from tqdm import tqdm
 
 from qwen3_runtime.config import Config, load_config
-from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache, cdiv, kv_bytes_per_block
+from qwen3_runtime.device import num_kv_blocks, resolve_device, resolve_dtype
+from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache
 from qwen3_runtime.loader import load_model
 from qwen3_runtime.params import SamplingParams
+from qwen3_runtime.request import PENDING, Request, RequestMetrics, RequestOutput, Status
 from qwen3_runtime.runner import ModelRunner, RowResult, RunnerStats, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
-from qwen3_runtime.sequence import PENDING, RequestMetrics, RequestOutput, Sequence, Status
-
-_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 
 
 @dataclass
@@ -35,8 +33,8 @@ class Runtime:
     def __init__(self, config: Config) -> None:
         self.config = config
         engine = config.engine
-        self.device = _resolve_device(engine.device)
-        self.dtype = _resolve_dtype(config.model.dtype, self.device)
+        self.device = resolve_device(engine.device)
+        self.dtype = resolve_dtype(config.model.dtype, self.device)
         self.model = load_model(config.model, self.device, self.dtype)
         arch = self.model.config
         if engine.max_model_len > arch.max_position_embeddings:
@@ -45,7 +43,7 @@ class Runtime:
                 f"max_position_embeddings={arch.max_position_embeddings} of the model"
             )
         self.model.model.rotary.build_table(engine.max_model_len, self.device)
-        num_blocks = self._num_kv_blocks()
+        num_blocks = num_kv_blocks(engine, arch, self.device, self.dtype)
         self.kv_cache = allocate_kv_cache(arch, num_blocks, engine.block_size, self.dtype, self.device)
         self.scheduler = Scheduler(engine, BlockManager(num_blocks, engine.block_size))
         self.runner = ModelRunner(self.model, self.kv_cache, config)
@@ -65,15 +63,15 @@ class Runtime:
     def add_request(self, prompt: list[int], params: SamplingParams) -> int:
         """Queue a request and return its id; a bad request raises ValueError naming the parameter."""
         self._validate(prompt, params)
-        seq = Sequence(
+        req = Request(
             self._new_id(),
             list(prompt),
             params,
             seed=params.seed if params.seed is not None else random.getrandbits(63),
             arrival_time=time.perf_counter(),
         )
-        self.scheduler.add(seq)
-        return seq.request_id
+        self.scheduler.add(req)
+        return req.request_id
 
     def _new_id(self) -> int:
         self._next_id += 1
@@ -87,62 +85,62 @@ class Runtime:
         decode step is read by the next call, after that call has launched the step after it."""
         if self._in_flight is not None:
             return self._step_ahead()
-        seqs, is_prefill = self.scheduler.schedule()
-        if not seqs:
+        reqs, is_prefill = self.scheduler.schedule()
+        if not reqs:
             return []
         if is_prefill:
-            return self._record(seqs, self.runner.prefill(seqs))
-        if self.runner.overlappable(seqs):
-            self._in_flight = self._launch(seqs, previous=None)
+            return self._record(reqs, self.runner.prefill(reqs))
+        if self.runner.overlappable(reqs):
+            self._in_flight = self._launch(reqs, previous=None)
             return []
-        return self._record(seqs, self.runner.decode(seqs))
+        return self._record(reqs, self.runner.decode(reqs))
 
     def _step_ahead(self) -> list[RequestOutput]:
         """Launch the next decode step (inputs fed on the device from the one in flight), then read the
         one in flight. Not when a prefill is due: it waits until nothing is in flight."""
         current, self._in_flight = self._in_flight, None
         if not self.scheduler.can_admit():
-            ending = frozenset(id(seq) for seq in current.step.seqs if self._reaches_length(seq))
-            seqs = self.scheduler.decode_batch(finishing=ending)
-            if seqs and self.runner.overlappable(seqs):
-                self._in_flight = self._launch(seqs, previous=current)
-        return self._record(current.step.seqs, self.runner.collect(current.step), current.token_index)
+            ending = frozenset(id(req) for req in current.step.reqs if self._reaches_length(req))
+            reqs = self.scheduler.decode_batch(finishing=ending)
+            if reqs and self.runner.overlappable(reqs):
+                self._in_flight = self._launch(reqs, previous=current)
+        return self._record(current.step.reqs, self.runner.collect(current.step), current.token_index)
 
-    def _launch(self, seqs: list[Sequence], previous: _Launched | None) -> _Launched:
-        rows = {id(seq): row for row, seq in enumerate(previous.step.seqs)} if previous else {}
-        step = self.runner.launch_decode(seqs, [rows.get(id(seq), -1) for seq in seqs])
-        token_index = [len(seq.output) for seq in seqs]
-        for seq in seqs:
-            seq.output.append(PENDING)
+    def _launch(self, reqs: list[Request], previous: _Launched | None) -> _Launched:
+        rows = {id(req): row for row, req in enumerate(previous.step.reqs)} if previous else {}
+        step = self.runner.launch_decode(reqs, [rows.get(id(req), -1) for req in reqs])
+        token_index = [len(req.output) for req in reqs]
+        for req in reqs:
+            req.output.append(PENDING)
         return _Launched(step, token_index)
 
     def _record(
-        self, seqs: list[Sequence], results: list[RowResult], token_index: list[int] | None = None
+        self, reqs: list[Request], results: list[RowResult], token_index: list[int] | None = None
     ) -> list[RequestOutput]:
         """Each sequence's new token, logprobs and finish; token_index: the slots launched steps hold for
         them (an async sequence that ends here drops the slot of the step after, whose row is discarded)."""
         now = time.perf_counter()
         finished = []
-        for i, (seq, result) in enumerate(zip(seqs, results)):
-            if seq.status is Status.FINISHED:  # ended with the step before: this row is discarded
+        for i, (req, result) in enumerate(zip(reqs, results)):
+            if req.status is Status.FINISHED:  # ended with the step before: this row is discarded
                 continue
             self.num_generated += 1
-            if seq.first_token_time is None:
-                seq.first_token_time = now
-            seq.error = seq.error or result.error
-            if not seq.error:
+            if req.first_token_time is None:
+                req.first_token_time = now
+            req.error = req.error or result.error
+            if not req.error:
                 if token_index is None:
-                    seq.output.append(result.token_id)
+                    req.output.append(result.token_id)
                 else:
-                    seq.output[token_index[i]] = result.token_id
-                seq.logprobs.append(result.logprob)
-            reason = "error" if seq.error else self._finish_reason(seq, result.token_id)
+                    req.output[token_index[i]] = result.token_id
+                req.logprobs.append(result.logprob)
+            reason = "error" if req.error else self._finish_reason(req, result.token_id)
             if reason:
                 if token_index is not None:
-                    del seq.output[token_index[i] + (not seq.error) :]
-                seq.finish_reason, seq.finished_time = reason, now
-                self.scheduler.finish(seq)
-                finished.append(_to_output(seq))
+                    del req.output[token_index[i] + (not req.error) :]
+                req.finish_reason, req.finished_time = reason, now
+                self.scheduler.finish(req)
+                finished.append(_to_output(req))
         return finished
 
     @property
@@ -206,61 +204,28 @@ class Runtime:
                     f"(logprobs.max_logprobs; -1, the full vocabulary, needs max_logprobs: -1)"
                 )
 
-    def _finish_reason(self, seq: Sequence, token: int) -> str | None:
-        p = seq.params
+    def _finish_reason(self, req: Request, token: int) -> str | None:
+        p = req.params
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             return "stop"
-        return "length" if self._reaches_length(seq, ahead=seq.output[-1] == PENDING) else None
+        return "length" if self._reaches_length(req, ahead=req.output[-1] == PENDING) else None
 
-    def _reaches_length(self, seq: Sequence, ahead: bool = False) -> bool:
+    def _reaches_length(self, req: Request, ahead: bool = False) -> bool:
         """Whether its output is at max_tokens or its tokens at max_model_len (`ahead`: not counting the
         last slot, which belongs to a step launched after the one being read)."""
-        produced = len(seq.output) - ahead
-        return produced >= seq.params.max_tokens or len(seq.prompt) + produced >= self.config.engine.max_model_len
-
-    def _num_kv_blocks(self) -> int:
-        engine = self.config.engine
-        if engine.num_kv_blocks is not None:
-            blocks = engine.num_kv_blocks
-        else:
-            blocks = engine.max_num_seqs * cdiv(engine.max_model_len, engine.block_size)
-            if self.device.type == "cuda":
-                free, _ = torch.cuda.mem_get_info(self.device)
-                per_block = kv_bytes_per_block(self.model.config, engine.block_size, self.dtype)
-                blocks = min(blocks, int(free * engine.gpu_memory_utilization) // per_block)
-        needed = cdiv(engine.max_model_len, engine.block_size)
-        if blocks < needed:
-            raise ValueError(
-                f"engine.num_kv_blocks={blocks} is too small: one max_model_len sequence "
-                f"needs {needed} blocks of engine.block_size={engine.block_size}"
-            )
-        return blocks
+        produced = len(req.output) - ahead
+        return produced >= req.params.max_tokens or len(req.prompt) + produced >= self.config.engine.max_model_len
 
 
-def _to_output(seq: Sequence) -> RequestOutput:
-    wants_logprobs = seq.params.logprobs is not None
+def _to_output(req: Request) -> RequestOutput:
+    wants_logprobs = req.params.logprobs is not None
     return RequestOutput(
-        seq.request_id,
-        seq.prompt,
-        seq.output,
-        seq.logprobs if wants_logprobs else None,
-        seq.prompt_logprobs,
-        seq.finish_reason,
-        seq.error,
-        RequestMetrics(seq.arrival_time, seq.first_token_time, seq.finished_time),
+        req.request_id,
+        req.prompt,
+        req.output,
+        req.logprobs if wants_logprobs else None,
+        req.prompt_logprobs,
+        req.finish_reason,
+        req.error,
+        RequestMetrics(req.arrival_time, req.first_token_time, req.finished_time),
     )
-
-
-def _resolve_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"engine.device={name!r} is unavailable: this machine has no CUDA device")
-    return device
-
-
-def _resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    if name == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    return _DTYPES[name]

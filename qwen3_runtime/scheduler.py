@@ -6,24 +6,24 @@ from collections import deque
 
 from qwen3_runtime.config import EngineConfig
 from qwen3_runtime.kv_cache import BlockManager
-from qwen3_runtime.sequence import Sequence, Status
+from qwen3_runtime.request import Request, Status
 
 
 class Scheduler:
     def __init__(self, cfg: EngineConfig, blocks: BlockManager) -> None:
         self.cfg = cfg
         self.blocks = blocks
-        self.waiting: deque[Sequence] = deque()
-        self.running: list[Sequence] = []
+        self.waiting: deque[Request] = deque()
+        self.running: list[Request] = []
         self.num_preemptions = 0
 
-    def add(self, seq: Sequence) -> None:
-        self.waiting.append(seq)
+    def add(self, req: Request) -> None:
+        self.waiting.append(req)
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> tuple[list[Sequence], bool]:
+    def schedule(self) -> tuple[list[Request], bool]:
         """The next batch and whether it is a prefill. Prefill first, so new requests join soon."""
         batch = self._admit()
         if batch:
@@ -34,53 +34,53 @@ class Scheduler:
         """Whether schedule() would prefill now."""
         if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
             return False
-        seq = self.waiting[0]
-        return seq.num_tokens <= self.cfg.max_num_batched_tokens and self.blocks.can_grow(seq)
+        req = self.waiting[0]
+        return req.num_tokens <= self.cfg.max_num_batched_tokens and self.blocks.can_grow(req)
 
-    def finish(self, seq: Sequence) -> None:
+    def finish(self, req: Request) -> None:
         """Also for a sequence preempted while its last step was still in flight (async scheduling)."""
-        seq.status = Status.FINISHED
-        self.blocks.release(seq)
-        (self.running if seq in self.running else self.waiting).remove(seq)
+        req.status = Status.FINISHED
+        self.blocks.release(req)
+        (self.running if req in self.running else self.waiting).remove(req)
 
-    def _admit(self) -> list[Sequence]:
-        batch: list[Sequence] = []
+    def _admit(self) -> list[Request]:
+        batch: list[Request] = []
         tokens = 0
         while self.waiting and len(self.running) < self.cfg.max_num_seqs:
-            seq = self.waiting[0]
-            if tokens + seq.num_tokens > self.cfg.max_num_batched_tokens or not self.blocks.can_grow(seq):
+            req = self.waiting[0]
+            if tokens + req.num_tokens > self.cfg.max_num_batched_tokens or not self.blocks.can_grow(req):
                 break
             self.waiting.popleft()
-            self.blocks.grow(seq)
-            seq.status = Status.RUNNING
-            self.running.append(seq)
-            batch.append(seq)
-            tokens += seq.num_tokens
+            self.blocks.grow(req)
+            req.status = Status.RUNNING
+            self.running.append(req)
+            batch.append(req)
+            tokens += req.num_tokens
         return batch
 
-    def decode_batch(self, finishing: frozenset[int] = frozenset()) -> list[Sequence]:
+    def decode_batch(self, finishing: frozenset[int] = frozenset()) -> list[Request]:
         """Every running sequence gets a slot for its next token; the newest are preempted to make room.
         `finishing`: ids of sequences known to end with the step in flight, left out."""
         batch = []
-        for seq in list(self.running):
-            if seq.status is not Status.RUNNING or id(seq) in finishing:  # preempted below, or ending
+        for req in list(self.running):
+            if req.status is not Status.RUNNING or id(req) in finishing:  # preempted below, or ending
                 continue
-            if self.blocks.blocks_needed(seq) == 0:  # most steps: its last block has room
-                batch.append(seq)
+            if self.blocks.blocks_needed(req) == 0:  # most steps: its last block has room
+                batch.append(req)
                 continue
-            while not self.blocks.can_grow(seq) and self.running[-1] is not seq:
+            while not self.blocks.can_grow(req) and self.running[-1] is not req:
                 self._preempt(self.running[-1])
-            if self.blocks.can_grow(seq):
-                self.blocks.grow(seq)
-                batch.append(seq)
+            if self.blocks.can_grow(req):
+                self.blocks.grow(req)
+                batch.append(req)
             else:
-                self._preempt(seq)
+                self._preempt(req)
         return batch
 
-    def _preempt(self, seq: Sequence) -> None:
+    def _preempt(self, req: Request) -> None:
         """Free its blocks and queue it first; it is recomputed from its tokens when readmitted."""
-        self.blocks.release(seq)
-        self.running.remove(seq)
-        seq.status = Status.WAITING
-        self.waiting.appendleft(seq)
+        self.blocks.release(req)
+        self.running.remove(req)
+        req.status = Status.WAITING
+        self.waiting.appendleft(req)
         self.num_preemptions += 1

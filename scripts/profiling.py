@@ -39,8 +39,8 @@ def start_batch(rt: Runtime, batch: int, prompt_len: int, decode_steps: int, log
 
 
 def finish_batch(rt: Runtime) -> None:
-    for seq in list(rt.scheduler.running):
-        rt.scheduler.finish(seq)
+    for req in list(rt.scheduler.running):
+        rt.scheduler.finish(req)
 
 
 def profile_steps(rt: Runtime, steps: int) -> tuple[list[int], int]:

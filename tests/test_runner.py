@@ -162,13 +162,13 @@ def test_a_step_is_read_before_the_step_two_after_it_launches(make_runtime, tiny
     rt = make_runtime(tiny_checkpoint)
     rt.add_request([1, 2, 3], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
     rt.step()  # the prefill
-    seqs = list(rt.scheduler.running)
-    first = rt.runner.launch_decode(seqs)
-    rt.runner.launch_decode(seqs)
+    reqs = list(rt.scheduler.running)
+    first = rt.runner.launch_decode(reqs)
+    rt.runner.launch_decode(reqs)
     with pytest.raises(RuntimeError, match="collected"):
-        rt.runner.launch_decode(seqs)
+        rt.runner.launch_decode(reqs)
     rt.runner.collect(first)
-    rt.runner.launch_decode(seqs)
+    rt.runner.launch_decode(reqs)
 
 
 def test_prompt_logprobs_add_one_copy_and_no_wait(make_runtime, tiny_checkpoint):

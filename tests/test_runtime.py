@@ -108,10 +108,10 @@ def _overlaps(rt) -> list[tuple[bool, bool]]:
     runner, unread, seen = rt.runner, [], []
     launch, collect = runner.launch_decode, runner.collect
 
-    def spy_launch(seqs, *args, **kwargs):
-        rows = seqs + [seq for step in unread for seq in step.seqs]
-        seen.append((bool(unread), any(seq.params.logprobs is not None for seq in rows)))
-        unread.append(launch(seqs, *args, **kwargs))
+    def spy_launch(reqs, *args, **kwargs):
+        rows = reqs + [req for step in unread for req in step.reqs]
+        seen.append((bool(unread), any(req.params.logprobs is not None for req in rows)))
+        unread.append(launch(reqs, *args, **kwargs))
         return unread[-1]
 
     def spy_collect(step):

@@ -25,7 +25,7 @@ class Status(Enum):
 
 
 @dataclass
-class Sequence:
+class Request:
     request_id: int
     prompt: list[int]
     params: SamplingParams
