@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 
 from qwen3_runtime.config import ArchitectureConfig, EngineConfig
-from qwen3_runtime.kv_cache import cdiv, kv_bytes_per_block
+from qwen3_runtime.kv_cache import kv_bytes_per_block
+from qwen3_runtime.ops import cdiv
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
 

@@ -7,11 +7,13 @@ from collections import deque
 import torch
 
 from qwen3_runtime.config import ArchitectureConfig
+from qwen3_runtime.ops import cdiv
 from qwen3_runtime.request import Request
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+def cache_slot(block_table, position, block_size: int):
+    """The cache slot of a token position: a list and an int, or a NumPy table and positions array."""
+    return block_table[position // block_size] * block_size + position % block_size
 
 
 def allocate_kv_cache(

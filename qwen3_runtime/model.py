@@ -11,6 +11,7 @@ from torch import nn
 from qwen3_runtime.config import ArchitectureConfig
 from qwen3_runtime.ops.attention_inputs import attention_inputs
 from qwen3_runtime.ops.decode_attention import paged_decode_attention
+from qwen3_runtime.ops.embedding import embed
 from qwen3_runtime.ops.linear import linear, linear_partials, mlp_partials
 from qwen3_runtime.ops.linear_preload import preload_applies, preloaded_partials
 from qwen3_runtime.ops.norms import add_rms_norm
@@ -85,10 +86,8 @@ class Attention(nn.Module):
         """The output projection as [S, T, hidden] partial sums (ops/linear.py), for the next norm to add."""
         k_cache, v_cache = kv_cache
         decode = not meta.is_prefill
-        # qkv lets the attention inputs launch as it starts: their one-warp programs take little room beside
-        # it, read their staged inputs and let attention (and, where it preloads, o_proj) launch in turn while
-        # qkv streams. H200, Qwen3-4B, profile_decode wall ms per step at batch 1 / 8 / 32, same run:
-        # 2.338 / 2.536 / 2.942 -> 2.318 / 2.509 / 2.880.
+        # qkv lets the attention inputs launch as it starts (their one-warp programs fit beside it), so they
+        # read their staged inputs, and attention (and o_proj's preload) launches, while qkv streams.
         qkv = linear(x, self.qkv_proj.weight, decode, dependents_early=True)
         q, k, v = attention_inputs(
             qkv,
@@ -143,6 +142,26 @@ class DecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
+    def forward(
+        self,
+        x: torch.Tensor,
+        residual: torch.Tensor | None,
+        positions: torch.Tensor,
+        rotary: Rotary,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous layer's MLP output as partial sums (or, with residual None, the embeddings).
+        Each residual add is fused into the norm after it, so the layer returns its MLP output unadded,
+        with the residual stream it is to be added to (in place, by the next norm)."""
+        if residual is None:
+            residual, x = x, self.input_layernorm(x)
+        else:
+            x = self.input_layernorm(x, residual)
+        x = self.self_attn(x, positions, rotary, kv_cache, meta)
+        x = self.post_attention_layernorm(x, residual)
+        return self.mlp(x, decode=not meta.is_prefill), residual
+
 
 class Qwen3Model(nn.Module):
     def __init__(self, cfg: ArchitectureConfig) -> None:
@@ -151,6 +170,20 @@ class Qwen3Model(nn.Module):
         self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_cache: torch.Tensor,
+        meta: AttentionMetadata,
+        fed_from: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        x = embed(self.embed_tokens.weight, input_ids, *(fed_from or (None, None)))
+        residual = None
+        for layer, layer_cache in zip(self.layers, kv_cache):
+            x, residual = layer(x, residual, positions, self.rotary, layer_cache, meta)
+        return self.norm(x, residual)
 
 
 class Qwen3ForCausalLM(nn.Module):
@@ -169,29 +202,22 @@ class Qwen3ForCausalLM(nn.Module):
     def lm_head_is_tied(self) -> bool:
         return self.lm_head.weight is self.model.embed_tokens.weight
 
+    def build_rope_table(self, max_len: int) -> None:
+        """RoPE's cos/sin for positions [0, max_len), on the model's device."""
+        self.model.rotary.build_table(max_len, self.lm_head.weight.device)
+
     def forward(
         self,
-        input_ids: torch.Tensor | None,
+        input_ids: torch.Tensor,
         positions: torch.Tensor,
         kv_cache: torch.Tensor,
         meta: AttentionMetadata,
-        inputs_embeds: torch.Tensor | None = None,
+        fed_from: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Final-normed hidden states [T, hidden]; `kv_cache` is [layers, 2, blocks, block_size, kv_heads, head_dim].
-        `inputs_embeds` [T, hidden], when given, stands for the embedding of input_ids (decode computes it
-        with the input-token selection, ops.embedding).
-
-        Each residual add is fused with the norm that follows it (the next layer's input norm, or
-        the final norm): residual = h + attn(norm(h)); h' = residual + mlp(norm(residual))."""
-        layers = self.model.layers
-        residual = self.model.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
-        x = layers[0].input_layernorm(residual)
-        next_norms = [layer.input_layernorm for layer in layers[1:]] + [self.model.norm]
-        for layer, next_norm, layer_cache in zip(layers, next_norms, kv_cache):
-            attn = layer.self_attn(x, positions, self.model.rotary, layer_cache, meta)
-            x = layer.post_attention_layernorm(attn, residual)
-            x = next_norm(layer.mlp(x, decode=not meta.is_prefill), residual)
-        return x
+        """Final-normed hidden states [T, hidden]; `kv_cache` is [layers, 2, blocks, block_size, kv_heads,
+        head_dim]. fed_from = (prev_row, sampled): a row with prev_row >= 0 takes as its input the token
+        sampled[prev_row] by the step still in flight (async scheduling; ops/embedding.py)."""
+        return self.model(input_ids, positions, kv_cache, meta, fed_from)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits. On the GPU the bf16 operands accumulate in fp32 and the product is written in

@@ -14,7 +14,9 @@ if TYPE_CHECKING:
     from qwen3_runtime.logprobs import TokenLogprob
 
 
-# A sampled token still on the device (async scheduling): its output slot holds this until read.
+# The output slot of a token sampled by a launched step and not read yet. A step reserves a slot per
+# request when it is launched (so positions and lengths count the token), the runtime fills it when it
+# reads the step; a request that ends with an earlier token drops its slots past that token.
 PENDING = -1
 
 
@@ -55,6 +57,10 @@ class Request:
     @property
     def last_token(self) -> int:
         return self.output[-1] if self.output else self.prompt[-1]
+
+    def reserve_output_slot(self) -> int:
+        self.output.append(PENDING)
+        return len(self.output) - 1
 
     @property
     def needs_prompt_logprobs(self) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,17 +15,10 @@ from qwen3_runtime.device import num_kv_blocks, resolve_device, resolve_dtype
 from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache
 from qwen3_runtime.loader import load_model
 from qwen3_runtime.params import SamplingParams
-from qwen3_runtime.request import PENDING, Request, RequestMetrics, RequestOutput, Status
-from qwen3_runtime.runner import ModelRunner, RowResult, RunnerStats, StepInFlight
+from qwen3_runtime.request import Request, RequestMetrics, RequestOutput, Status
+from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
-
-
-@dataclass
-class _Launched:
-    """A decode step in flight, and where in each sequence's output its token goes."""
-
-    step: StepInFlight
-    token_index: list[int]
+from qwen3_runtime.stats import RunnerStats
 
 
 class Runtime:
@@ -42,15 +34,15 @@ class Runtime:
                 f"engine.max_model_len={engine.max_model_len} is out of range: must be <= "
                 f"max_position_embeddings={arch.max_position_embeddings} of the model"
             )
-        self.model.model.rotary.build_table(engine.max_model_len, self.device)
+        self.model.build_rope_table(engine.max_model_len)
         num_blocks = num_kv_blocks(engine, arch, self.device, self.dtype)
         self.kv_cache = allocate_kv_cache(arch, num_blocks, engine.block_size, self.dtype, self.device)
         self.scheduler = Scheduler(engine, BlockManager(num_blocks, engine.block_size))
         self.runner = ModelRunner(self.model, self.kv_cache, config)
         self.eos_token_ids = set(arch.eos_token_ids)
         self._next_id = 0
-        self.num_generated = 0
-        self._in_flight: _Launched | None = None
+        self.num_generated = 0  # tokens appended to outputs so far
+        self._in_flight: StepInFlight | None = None
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Runtime:
@@ -60,93 +52,96 @@ class Runtime:
     def vocab_size(self) -> int:
         return self.model.config.vocab_size
 
+    @property
+    def stats(self) -> RunnerStats:
+        """Steps, device-to-host copies and bytes, host synchronisations so far."""
+        return self.runner.stats
+
     def add_request(self, prompt: list[int], params: SamplingParams) -> int:
         """Queue a request and return its id; a bad request raises ValueError naming the parameter."""
         self._validate(prompt, params)
-        req = Request(
-            self._new_id(),
-            list(prompt),
-            params,
-            seed=params.seed if params.seed is not None else random.getrandbits(63),
-            arrival_time=time.perf_counter(),
-        )
+        seed = params.seed if params.seed is not None else random.getrandbits(63)
+        req = Request(self._new_id(), list(prompt), params, seed=seed, arrival_time=time.perf_counter())
         self.scheduler.add(req)
         return req.request_id
-
-    def _new_id(self) -> int:
-        self._next_id += 1
-        return self._next_id - 1
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_work() or self._in_flight is not None
 
     def step(self) -> list[RequestOutput]:
-        """One prefill or decode batch; returns the requests that finished in it. With async scheduling a
-        decode step is read by the next call, after that call has launched the step after it."""
-        if self._in_flight is not None:
-            return self._step_ahead()
-        reqs, is_prefill = self.scheduler.schedule()
-        if not reqs:
-            return []
-        if is_prefill:
-            return self._record(reqs, self.runner.prefill(reqs))
-        if self.runner.overlappable(reqs):
-            self._in_flight = self._launch(reqs, previous=None)
-            return []
-        return self._record(reqs, self.runner.decode(reqs))
+        """Schedule, run, process: one prefill or decode batch; returns the requests that finished.
 
-    def _step_ahead(self) -> list[RequestOutput]:
-        """Launch the next decode step (inputs fed on the device from the one in flight), then read the
-        one in flight. Not when a prefill is due: it waits until nothing is in flight."""
-        current, self._in_flight = self._in_flight, None
-        if not self.scheduler.can_admit():
-            ending = frozenset(id(req) for req in current.step.reqs if self._reaches_length(req))
-            reqs = self.scheduler.decode_batch(finishing=ending)
-            if reqs and self.runner.overlappable(reqs):
-                self._in_flight = self._launch(reqs, previous=current)
-        return self._record(current.step.reqs, self.runner.collect(current.step), current.token_index)
-
-    def _launch(self, reqs: list[Request], previous: _Launched | None) -> _Launched:
-        rows = {id(req): row for row, req in enumerate(previous.step.reqs)} if previous else {}
-        step = self.runner.launch_decode(reqs, [rows.get(id(req), -1) for req in reqs])
-        token_index = [len(req.output) for req in reqs]
-        for req in reqs:
-            req.output.append(PENDING)
-        return _Launched(step, token_index)
-
-    def _record(
-        self, reqs: list[Request], results: list[RowResult], token_index: list[int] | None = None
-    ) -> list[RequestOutput]:
-        """Each sequence's new token, logprobs and finish; token_index: the slots launched steps hold for
-        them (an async sequence that ends here drops the slot of the step after, whose row is discarded)."""
-        now = time.perf_counter()
-        finished = []
-        for i, (req, result) in enumerate(zip(reqs, results)):
-            if req.status is Status.FINISHED:  # ended with the step before: this row is discarded
-                continue
-            self.num_generated += 1
-            if req.first_token_time is None:
-                req.first_token_time = now
-            req.error = req.error or result.error
-            if not req.error:
-                if token_index is None:
-                    req.output.append(result.token_id)
-                else:
-                    req.output[token_index[i]] = result.token_id
-                req.logprobs.append(result.logprob)
-            reason = "error" if req.error else self._finish_reason(req, result.token_id)
-            if reason:
-                if token_index is not None:
-                    del req.output[token_index[i] + (not req.error) :]
-                req.finish_reason, req.finished_time = reason, now
-                self.scheduler.finish(req)
-                finished.append(_to_output(req))
+        With async scheduling a decode step stays in flight: the next call launches the step after it
+        (whose input tokens the device reads from the step in flight) before processing it."""
+        previous, self._in_flight = self._in_flight, None
+        reqs, is_prefill = self._schedule(previous)
+        launched = None
+        if reqs:
+            launched = self.runner.prefill(reqs) if is_prefill else self.runner.launch_decode(reqs, previous)
+        finished = self._process(previous) if previous is not None else []
+        if launched is not None and not is_prefill and self.runner.overlappable(reqs):
+            self._in_flight = launched
+        elif launched is not None:
+            finished += self._process(launched)
         return finished
 
-    @property
-    def stats(self) -> RunnerStats:
-        """Steps, device-to-host copies and bytes, host synchronisations so far."""
-        return self.runner.stats
+    def _schedule(self, previous: StepInFlight | None) -> tuple[list[Request], bool]:
+        """The next batch and whether it is a prefill. While a step is in flight, only a decode batch that
+        may overlap it is launched: a prefill waits until nothing is in flight."""
+        if previous is None:
+            return self.scheduler.schedule()
+        if self.scheduler.can_admit():
+            return [], False
+        ending = frozenset(
+            req.request_id
+            for req, slot in zip(previous.reqs, previous.output_slots)
+            if self._reaches_length(req, produced=slot + 1)
+        )
+        reqs = self.scheduler.decode_batch(finishing=ending)
+        return (reqs if self.runner.overlappable(reqs) else []), False
+
+    def _process(self, step: StepInFlight) -> list[RequestOutput]:
+        """Read a launched step: each request's token and logprobs, and the requests that end with them."""
+        results = self.runner.collect(step)
+        now = time.perf_counter()
+        finished = []
+        for req, slot, result in zip(step.reqs, step.output_slots, results):
+            if req.status is Status.FINISHED:  # it ended with the step before: this row is discarded
+                continue
+            self._append(req, slot, result, now)
+            reason = self._finish_reason(req, slot, result)
+            if reason:
+                finished.append(self._finish(req, slot, reason, now))
+        return finished
+
+    def _append(self, req: Request, slot: int, result: RowResult, now: float) -> None:
+        if req.first_token_time is None:
+            req.first_token_time = now
+        req.error = req.error or result.error
+        if not req.error:
+            req.output[slot] = result.token_id
+            req.logprobs.append(result.logprob)
+            self.num_generated += 1
+
+    def _finish(self, req: Request, slot: int, reason: str, now: float) -> RequestOutput:
+        # Slots after this token belong to steps launched after it, whose rows are discarded; a failed
+        # request keeps no token of this step either.
+        del req.output[slot + (not req.error) :]
+        req.finish_reason, req.finished_time = reason, now
+        self.scheduler.finish(req)
+        return _to_output(req)
+
+    def _finish_reason(self, req: Request, slot: int, result: RowResult) -> str | None:
+        p = req.params
+        if req.error:
+            return "error"
+        if result.token_id in p.stop_token_ids or (not p.ignore_eos and result.token_id in self.eos_token_ids):
+            return "stop"
+        return "length" if self._reaches_length(req, produced=slot + 1) else None
+
+    def _reaches_length(self, req: Request, produced: int) -> bool:
+        """Whether `produced` output tokens reach max_tokens, or with the prompt max_model_len."""
+        return produced >= req.params.max_tokens or len(req.prompt) + produced >= self.config.engine.max_model_len
 
     def generate(
         self,
@@ -161,22 +156,29 @@ class Runtime:
         if len(per_request) != len(prompts):
             raise ValueError(f"params has {len(per_request)} entries for {len(prompts)} prompts")
         outputs: dict[int, RequestOutput] = {}
+        budget: dict[int, int] = {}  # the most tokens each accepted request can produce
         ids = []
         for prompt, p in zip(prompts, per_request):
             try:
-                ids.append(self.add_request(prompt, p))
+                request_id = self.add_request(prompt, p)
+                budget[request_id] = min(p.max_tokens, self.config.engine.max_model_len - len(prompt))
             except ValueError as e:
-                ids.append(self._new_id())
+                request_id = self._new_id()
                 prompt_ids = list(prompt) if isinstance(prompt, (list, tuple)) else []
-                outputs[ids[-1]] = RequestOutput(ids[-1], prompt_ids, [], None, None, "error", error=str(e))
-        total = sum(p.max_tokens for i, p in zip(ids, per_request) if i not in outputs)
-        with tqdm(total=total, unit="tok", disable=not use_tqdm, dynamic_ncols=True) as bar:
+                outputs[request_id] = RequestOutput(request_id, prompt_ids, [], None, None, "error", error=str(e))
+            ids.append(request_id)
+        with tqdm(total=sum(budget.values()), unit="tok", disable=not use_tqdm, dynamic_ncols=True) as bar:
             while self.has_unfinished():
                 before = self.num_generated
                 for out in self.step():
                     outputs[out.request_id] = out
+                    bar.total -= budget[out.request_id] - len(out.token_ids)  # tokens that will not come
                 bar.update(self.num_generated - before)
         return [outputs[i] for i in ids]
+
+    def _new_id(self) -> int:
+        self._next_id += 1
+        return self._next_id - 1
 
     def _validate(self, prompt: list[int], params: SamplingParams) -> None:
         if not isinstance(params, SamplingParams):
@@ -203,18 +205,6 @@ class Runtime:
                     f"{name}={value} is out of range: must be in [0, {max_logprobs}] "
                     f"(logprobs.max_logprobs; -1, the full vocabulary, needs max_logprobs: -1)"
                 )
-
-    def _finish_reason(self, req: Request, token: int) -> str | None:
-        p = req.params
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
-            return "stop"
-        return "length" if self._reaches_length(req, ahead=req.output[-1] == PENDING) else None
-
-    def _reaches_length(self, req: Request, ahead: bool = False) -> bool:
-        """Whether its output is at max_tokens or its tokens at max_model_len (`ahead`: not counting the
-        last slot, which belongs to a step launched after the one being read)."""
-        produced = len(req.output) - ahead
-        return produced >= req.params.max_tokens or len(req.prompt) + produced >= self.config.engine.max_model_len
 
 
 def _to_output(req: Request) -> RequestOutput:

@@ -60,10 +60,10 @@ class Scheduler:
 
     def decode_batch(self, finishing: frozenset[int] = frozenset()) -> list[Request]:
         """Every running sequence gets a slot for its next token; the newest are preempted to make room.
-        `finishing`: ids of sequences known to end with the step in flight, left out."""
+        `finishing`: ids of requests known to end with the step in flight, left out."""
         batch = []
         for req in list(self.running):
-            if req.status is not Status.RUNNING or id(req) in finishing:  # preempted below, or ending
+            if req.status is not Status.RUNNING or req.request_id in finishing:  # preempted below, or ending
                 continue
             if self.blocks.blocks_needed(req) == 0:  # most steps: its last block has room
                 batch.append(req)

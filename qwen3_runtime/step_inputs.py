@@ -1,16 +1,20 @@
-"""Static per-row inputs of a decode step: a pinned host staging copy, filled a field at a time, and
-the device copy that the captured graphs read. One host-to-device copy per step: the fields are views
-of one byte buffer (three copies kept the GPU idle ~2 µs each before every step)."""
+"""The decode step's static per-row inputs, and the stager that fills them from the scheduled requests.
+
+The fields are views of one byte buffer, so a step's inputs go to the device in one host-to-device copy
+(separate copies each keep the GPU idle before the step)."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
 import torch
 
+from qwen3_runtime.kv_cache import cache_slot
+from qwen3_runtime.request import Request
 from qwen3_runtime.sampler import SamplingTensors
 
 # Rows of the int64 table, one entry per batch row each: what changes every step, then what is
@@ -19,23 +23,10 @@ STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens", "prev_row")
 REQUEST_INT_FIELDS = ("top_k", "seed", "num_top", "wants_logprobs", "processed")
 INT_FIELDS = STEP_FIELDS + REQUEST_INT_FIELDS
 FLOAT_FIELDS = ("temperature", "top_p")
-# prev_row: the row, in the step still in flight, whose sampled token is this row's input (async
-# scheduling; -1: input_ids holds it). A padded row: token 0 at position 0, no cache slot (-1: the KV
-# store skips it), no context, greedy, no logprobs.
-PADDING = {
-    "input_ids": 0,
-    "positions": 0,
-    "slot_mapping": -1,
-    "seq_lens": 0,
-    "prev_row": -1,
-    "top_k": -1,
-    "seed": 0,
-    "num_top": 0,
-    "wants_logprobs": 0,
-    "processed": 0,
-    "temperature": 0.0,
-    "top_p": 1.0,
-}
+# A padded row: token 0 at position 0, no cache slot (-1: the KV store skips it), no context, greedy,
+# no logprobs.
+PADDING = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "seq_lens": 0, "prev_row": -1, "top_k": -1, "seed": 0,
+           "num_top": 0, "wants_logprobs": 0, "processed": 0, "temperature": 0.0, "top_p": 1.0}  # fmt: skip
 INT_PADDING = np.array([PADDING[f] for f in INT_FIELDS], dtype=np.int64)[:, None]
 FLOAT_PADDING = np.array([PADDING[f] for f in FLOAT_FIELDS], dtype=np.float32)[:, None]
 
@@ -49,10 +40,24 @@ class RequestRow(NamedTuple):
 
 @dataclass
 class StepInputs:
-    buffer: torch.Tensor  # uint8: the three fields below, back to back, block tables last
+    buffer: torch.Tensor  # uint8: ints, floats and block tables back to back, block tables last
     ints: torch.Tensor  # int64 [len(INT_FIELDS), max_rows]
     floats: torch.Tensor  # f32 [len(FLOAT_FIELDS), max_rows]
     block_tables: torch.Tensor  # int32 [max_rows, max_blocks]
+    # Rows of `ints`, one entry per batch row:
+    input_ids: torch.Tensor
+    positions: torch.Tensor  # of the input token
+    slot_mapping: torch.Tensor  # its cache slot; -1: padding, not stored
+    seq_lens: torch.Tensor  # tokens attended to, the input included; 0: padding
+    prev_row: torch.Tensor  # row of the step in flight whose sampled token is the input; -1: input_ids holds it
+    top_k: torch.Tensor
+    seed: torch.Tensor
+    num_top: torch.Tensor  # top logprobs asked for
+    wants_logprobs: torch.Tensor  # 1: the row is reduced (device-path logprobs)
+    processed: torch.Tensor  # 1: logprobs of the processed distribution, 0: raw
+    # Rows of `floats`:
+    temperature: torch.Tensor
+    top_p: torch.Tensor
 
     @classmethod
     def allocate(cls, max_rows: int, max_blocks: int, device: torch.device, pin: bool = False) -> StepInputs:
@@ -64,25 +69,17 @@ class StepInputs:
         sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in shapes]  # each a multiple of 8 but the last
         buffer = torch.zeros(sum(sizes), dtype=torch.uint8, device=device, pin_memory=pin)
         starts = np.cumsum([0] + sizes).tolist()
-        return cls(
-            buffer,
-            *(
-                buffer[start : start + size].view(dtype).view(shape)
-                for start, size, (shape, dtype) in zip(starts, sizes, shapes)
-            ),
+        ints, floats, tables = (
+            buffer[start : start + size].view(dtype).view(shape)
+            for start, size, (shape, dtype) in zip(starts, sizes, shapes)
         )
-
-    def __getattr__(self, name: str) -> torch.Tensor:
-        if name in INT_FIELDS:
-            return self.ints[INT_FIELDS.index(name)]
-        if name in FLOAT_FIELDS:
-            return self.floats[FLOAT_FIELDS.index(name)]
-        raise AttributeError(name)
+        rows = {**dict(zip(INT_FIELDS, ints)), **dict(zip(FLOAT_FIELDS, floats))}
+        return cls(buffer, ints, floats, tables, **rows)
 
     def fill(
         self,
-        rows: int,
-        batch: int,
+        num_rows: int,
+        padded_rows: int,
         input_ids: list[int],
         positions: list[int],
         slot_mapping: list[int],
@@ -90,21 +87,20 @@ class StepInputs:
         prev_rows: list[int],
         requests: dict[int, RequestRow],
     ) -> None:
-        """Set the first `rows` entries (host side, whole NumPy rows at a time: per-element work is what
-        costs here) and the request constants of the rows in `requests` (those that hold another
-        request than last time: the others keep theirs), and make rows [rows, batch) padding so stale
-        rows of an earlier batch never write the cache."""
+        """Set the first `num_rows` entries (host side, whole NumPy rows at a time: per-element work is what
+        costs here) and the constants of the rows in `requests` (those that changed hands: the others keep
+        theirs), and make rows [num_rows, padded_rows) padding so stale rows never write the cache."""
         ints, floats = self.ints.numpy(), self.floats.numpy()
-        ints[: len(STEP_FIELDS), :rows] = (input_ids, positions, slot_mapping, seq_lens, prev_rows)
+        ints[: len(STEP_FIELDS), :num_rows] = (input_ids, positions, slot_mapping, seq_lens, prev_rows)
         for row, request in requests.items():
             ints[len(STEP_FIELDS) :, row] = request.ints
             floats[:, row] = request.floats
-        ints[:, rows:batch] = INT_PADDING
-        floats[:, rows:batch] = FLOAT_PADDING
+        ints[:, num_rows:padded_rows] = INT_PADDING
+        floats[:, num_rows:padded_rows] = FLOAT_PADDING
 
-    def copy_from(self, host: StepInputs, rows: int) -> None:
-        """Everything up to the first `rows` block tables, in one copy."""
-        end = self.buffer.numel() - (self.block_tables.shape[0] - rows) * self.block_tables[0].nbytes
+    def copy_from(self, host: StepInputs, num_rows: int) -> None:
+        """Everything up to the first `num_rows` block tables, in one copy."""
+        end = self.buffer.numel() - (self.block_tables.shape[0] - num_rows) * self.block_tables[0].nbytes
         self.buffer[:end].copy_(host.buffer[:end], non_blocking=True)
 
     def sampling(self, rows: int) -> SamplingTensors:
@@ -112,3 +108,61 @@ class StepInputs:
         return SamplingTensors(
             self.temperature[:rows], self.top_k[:rows], self.top_p[:rows], self.seed[:rows], self.positions[:rows] + 1
         )
+
+
+class InputStager:
+    """Fills `inputs` (on the device, read by the captured steps) through a pinned host copy. Each row
+    remembers what it holds, so a request's constants and block table are rewritten only when they change."""
+
+    def __init__(
+        self,
+        max_rows: int,
+        max_blocks: int,
+        block_size: int,
+        device: torch.device,
+        request_row: Callable[[Request], RequestRow],
+    ) -> None:
+        pinned = device.type == "cuda"
+        self.inputs = StepInputs.allocate(max_rows, max_blocks, device)
+        self.host = StepInputs.allocate(max_rows, max_blocks, torch.device("cpu"), pin=pinned)
+        self.block_size = block_size
+        self._request_row = request_row
+        self._row_requests: list[int | None] = [None] * max_rows  # request_id per row
+        # Each row's block table and its length when staged; padding leaves tables alone.
+        self._row_tables: list[tuple[list[int] | None, int]] = [(None, 0)] * max_rows
+        self._host_copied = torch.cuda.Event() if pinned else None  # the host copy may be rewritten
+
+    def stage(self, reqs: list[Request], padded_rows: int, prev_rows: list[int] | None = None) -> None:
+        """Row i feeds reqs[i]'s last token (or, where prev_rows[i] >= 0, the token the step in flight
+        samples for that row); rows up to `padded_rows` are padding."""
+        # The last copy of the host rows was queued right behind the step already waited for, so this
+        # wait is almost never taken.
+        if self._host_copied is not None and not self._host_copied.query():
+            self._host_copied.synchronize()
+        positions = [req.num_tokens - 1 for req in reqs]
+        changed = {i: self._request_row(req) for i, req in enumerate(reqs) if self._row_requests[i] != req.request_id}
+        self.host.fill(
+            len(reqs),
+            padded_rows,
+            input_ids=[req.last_token for req in reqs],
+            positions=positions,
+            slot_mapping=[cache_slot(req.block_table, p, self.block_size) for req, p in zip(reqs, positions)],
+            seq_lens=[p + 1 for p in positions],
+            prev_rows=prev_rows or [-1] * len(reqs),
+            requests=changed,
+        )
+        self._row_requests[:padded_rows] = [req.request_id for req in reqs] + [None] * (padded_rows - len(reqs))
+        self._stage_block_tables(reqs)
+        self.inputs.copy_from(self.host, padded_rows)
+        if self._host_copied is not None:
+            self._host_copied.record()
+
+    def _stage_block_tables(self, reqs: list[Request]) -> None:
+        """A row's table changes only when a block is added or the row holds another table (another
+        request, or this one readmitted after preemption: the block manager gives it a new list)."""
+        tables = self.host.block_tables.numpy()
+        for i, req in enumerate(reqs):
+            table, length = self._row_tables[i]
+            if table is not req.block_table or length != len(req.block_table):
+                tables[i, : len(req.block_table)] = req.block_table
+                self._row_tables[i] = (req.block_table, len(req.block_table))

@@ -32,7 +32,7 @@ def compare(path: Path, prompt_len: int) -> dict:
     device = torch.device("cuda")
     theirs = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     ours = load_model(ModelConfig(path=str(path)), device, torch.bfloat16)
-    ours.model.rotary.build_table(4096, device)
+    ours.build_rope_table(4096)
     ids = torch.randint(0, ours.config.vocab_size, (prompt_len,), device=device)
     block, n = 16, prompt_len
     kv = allocate_kv_cache(ours.config, n // block + 2, block, torch.bfloat16, device)

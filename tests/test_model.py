@@ -20,7 +20,7 @@ def _load_both(path):
     import transformers
 
     ours = load_model(ModelConfig(path=str(path)), torch.device("cpu"), torch.float32)
-    ours.model.rotary.build_table(256, torch.device("cpu"))
+    ours.build_rope_table(256)
     theirs = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return ours, theirs
 

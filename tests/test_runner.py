@@ -164,11 +164,11 @@ def test_a_step_is_read_before_the_step_two_after_it_launches(make_runtime, tiny
     rt.step()  # the prefill
     reqs = list(rt.scheduler.running)
     first = rt.runner.launch_decode(reqs)
-    rt.runner.launch_decode(reqs)
-    with pytest.raises(RuntimeError, match="collected"):
-        rt.runner.launch_decode(reqs)
+    second = rt.runner.launch_decode(reqs, previous=first)
+    with pytest.raises(RuntimeError, match="read"):
+        rt.runner.launch_decode(reqs, previous=second)
     rt.runner.collect(first)
-    rt.runner.launch_decode(reqs)
+    rt.runner.launch_decode(reqs, previous=second)
 
 
 def test_prompt_logprobs_add_one_copy_and_no_wait(make_runtime, tiny_checkpoint):
@@ -201,7 +201,7 @@ def test_a_row_restages_its_constants_when_another_request_takes_it(make_runtime
     while all(out.request_id != first for out in rt.step()):
         pass
     rt.step()  # row 0: the second request; row 1: padding
-    staged = rt.runner.staging
+    staged = rt.runner.stager.host
     assert (staged.top_k[:2].tolist(), staged.num_top[:2].tolist(), staged.wants_logprobs[:2].tolist()) == (
         [7, -1],
         [0, 0],
