@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 _MASK32 = 0xFFFFFFFF
+# Hash bits per uniform: (k + 0.5) / 2**23 is exact in float32 for every k < 2**23, never 0 or 1.
+NOISE_BITS = 23
 
 
 @dataclass
@@ -35,8 +37,8 @@ def processed_logits(logits: torch.Tensor, params: SamplingTensors) -> torch.Ten
 def sample(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """Token ids [B] (int64) from processed logits: Gumbel-max for random rows, argmax for greedy ones."""
     noise = gumbel_noise(params.seed, params.position, processed.shape[-1])
-    noise = noise.masked_fill_((params.temperature == 0)[:, None], 0.0)
-    return (processed + noise).argmax(dim=-1)
+    noise.masked_fill_((params.temperature == 0)[:, None], 0.0)
+    return noise.add_(processed).argmax(dim=-1)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
@@ -54,11 +56,26 @@ def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
 
 def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
     """Gumbel(0, 1) noise [B, vocab] from a counter-based hash of (seed, position, token id)."""
+    return gumbel_from_bits(hash_bits(seed, position, vocab) >> (32 - NOISE_BITS))
+
+
+def hash_bits(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, vocab] int64 in [0, 2**32): a hash of (seed, position, token id). The [B, vocab] steps
+    run in place: on the CPU allocating each intermediate costs more than the arithmetic."""
     key = _mix(_mix((seed & _MASK32) ^ _mix(seed >> 32)) ^ (position & _MASK32))
     token = torch.arange(vocab, device=seed.device, dtype=torch.int64)
-    bits = _mix(_mix(key[:, None] ^ token[None, :]) ^ 0x5BD1E995)
-    uniform = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
-    return -torch.log(-torch.log(uniform))
+    bits = key[:, None] ^ token[None, :]
+    scratch = torch.empty_like(bits)
+    return _mix_(_mix_(bits, scratch).bitwise_xor_(0x5BD1E995), scratch)
+
+
+def gumbel_from_bits(k: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise from k in [0, 2**NOISE_BITS) (int64), finite for every k: with u = (k + 0.5) / 2**23
+    in [2**-24, 1 - 2**-24], E = -log(u) is taken as -log1p(u - 1) (u - 1 is exact), so E > 0 even where
+    an inexact log would round log(u) to 0 for u next to 1; the noise is -log(E)."""
+    half_below_one = float((1 << NOISE_BITS) - 0.5)  # exact: u - 1 = (k - half_below_one) / 2**23
+    e = k.float().sub_(half_below_one).mul_(1.0 / (1 << NOISE_BITS)).log1p_().neg_()
+    return e.log_().neg_()
 
 
 def _mix(h: torch.Tensor) -> torch.Tensor:
@@ -67,3 +84,11 @@ def _mix(h: torch.Tensor) -> torch.Tensor:
     h = ((h ^ (h >> 16)) * 0x7FEB352D) & _MASK32
     h = ((h ^ (h >> 15)) * 0x1B873593) & _MASK32
     return h ^ (h >> 16)
+
+
+def _mix_(h: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """_mix in place on h, with scratch (same shape) for the shifted copies."""
+    h.bitwise_and_(_MASK32)
+    h.bitwise_xor_(torch.bitwise_right_shift(h, 16, out=scratch)).mul_(0x7FEB352D).bitwise_and_(_MASK32)
+    h.bitwise_xor_(torch.bitwise_right_shift(h, 15, out=scratch)).mul_(0x1B873593).bitwise_and_(_MASK32)
+    return h.bitwise_xor_(torch.bitwise_right_shift(h, 16, out=scratch))
