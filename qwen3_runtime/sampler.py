@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import torch
 
 _MASK32 = 0xFFFFFFFF
+# Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
+GREEDY_BELOW = 1e-5
 # Hash bits per uniform: (k + 0.5) / 2**23 is exact in float32 for every k < 2**23, never 0 or 1.
 NOISE_BITS = 23
 
@@ -20,37 +22,50 @@ NOISE_BITS = 23
 class SamplingTensors:
     """Per-row sampling parameters on the device ([B] each)."""
 
-    temperature: torch.Tensor  # f32, 0 = greedy
+    temperature: torch.Tensor  # f32, < GREEDY_BELOW (0 in practice) = greedy
     top_k: torch.Tensor  # int32, <= 0 = off
-    top_p: torch.Tensor  # f32, 1 = off
+    top_p: torch.Tensor  # f32, >= 1 = off
     seed: torch.Tensor  # int64
     position: torch.Tensor  # int64, position of the token being sampled
 
 
+def random_rows(params: SamplingTensors) -> torch.Tensor:
+    """[B] bool: rows sampled at random; the rest (temperature < GREEDY_BELOW) take the argmax of raw logits."""
+    return params.temperature >= GREEDY_BELOW
+
+
 def processed_logits(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """What random rows sample from: logits / temperature, -inf outside top-k and top-p.
-    Greedy rows (temperature 0) keep their raw logits."""
-    scaled = _top_k_top_p(logits / params.temperature.clamp_min(1e-6)[:, None], params.top_k, params.top_p)
-    return torch.where((params.temperature > 0)[:, None], scaled, logits)
+    Greedy rows (temperature < GREEDY_BELOW) keep their raw logits. A row whose largest logit
+    would overflow when scaled is shifted by it first (the same distribution, but finite)."""
+    temperature = params.temperature.clamp_min(GREEDY_BELOW)[:, None]
+    peak = logits.amax(dim=-1, keepdim=True)
+    overflows = peak.isfinite() & ~(peak / temperature).isfinite()
+    scaled = torch.where(overflows, logits - peak, logits) / temperature
+    scaled = _top_k_top_p(scaled, params.top_k, params.top_p)
+    return torch.where(random_rows(params)[:, None], scaled, logits)
 
 
 def sample(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """Token ids [B] (int64) from processed logits: Gumbel-max for random rows, argmax for greedy ones."""
     noise = gumbel_noise(params.seed, params.position, processed.shape[-1])
-    noise.masked_fill_((params.temperature == 0)[:, None], 0.0)
+    noise.masked_fill_(~random_rows(params)[:, None], 0.0)
     return noise.add_(processed).argmax(dim=-1)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """-inf outside each row's top-k and outside the smallest prefix holding top_p of the mass."""
+    """-inf outside each row's top-k and outside the smallest prefix holding top_p of the mass.
+    The mass is summed in float64: in float32 the running sum over ~150k probabilities reaches
+    1 early and masks tail tokens even at top_p = 1, which is therefore skipped outright."""
     vocab = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
     rank = torch.arange(vocab, device=logits.device)[None, :]
     k = torch.where(top_k > 0, top_k.long(), vocab)[:, None]
     sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs
-    sorted_logits = sorted_logits.masked_fill(mass_before > top_p[:, None], float("-inf"))
+    probs = sorted_logits.softmax(dim=-1, dtype=torch.float64)
+    mass_before = probs.cumsum(dim=-1).sub_(probs)
+    outside = (mass_before > top_p[:, None]) & (top_p < 1)[:, None]
+    sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 

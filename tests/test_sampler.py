@@ -1,8 +1,10 @@
 import torch
 
 from qwen3_runtime.sampler import (
+    GREEDY_BELOW,
     NOISE_BITS,
     SamplingTensors,
+    _top_k_top_p,
     gumbel_from_bits,
     gumbel_noise,
     hash_bits,
@@ -169,3 +171,48 @@ def test_ties_are_broken_by_the_noise_not_the_token_id():
     params = _rows(torch.arange(8000), [3] * 8000, 1.0, 4, 1.0)
     counts = torch.bincount(sample(processed[:64].expand(8000, 64), params), minlength=64).double()
     assert _chi_square_p(counts[:4], torch.full((4,), 0.25, dtype=torch.float64)) > 1e-3
+
+
+def test_top_p_one_keeps_every_token_and_the_mass_is_summed_exactly():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, VOCAB, generator=gen) * torch.tensor([1.0, 3.0, 4.0, 8.0])[:, None]
+    off = torch.full((4,), -1, dtype=torch.int32)
+    # A float32 running sum reaches 1 before the tail and masked up to ~100k tokens of these rows.
+    assert torch.isfinite(_top_k_top_p(logits, off, torch.ones(4))).all()
+    for top_p in (0.9, 0.999):
+        kept = torch.isfinite(_top_k_top_p(logits, off, torch.full((4,), top_p))).sum(-1)
+        sorted_probs = logits.double().sort(-1, descending=True).values.softmax(-1)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        assert torch.equal(kept, (mass_before <= torch.tensor(top_p).double()).sum(-1))
+    # Equal logits: exactly the ids whose mass before them is <= 0.3 (r / V <= 0.3f).
+    kept = torch.isfinite(_one_row(torch.zeros(VOCAB), 1.0, -1, 0.3))
+    assert kept.nonzero().flatten().tolist() == list(range(45581))
+
+
+def test_temperature_below_the_greedy_threshold_is_greedy():
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(2))
+    logits[:, 7], logits[:, 99] = 1e33, 1e33  # tie: the lower id; 1e33 / 1e-6 overflowed float32
+    params = _params(4, temperature=1e-6, top_k=3, top_p=0.5)
+    params.temperature[1:] = torch.tensor([GREEDY_BELOW * 0.99, 1e-30, 0.0])
+    processed = processed_logits(logits, params)
+    assert torch.equal(processed, logits)  # raw, like temperature 0
+    assert sample(processed, params).tolist() == [7, 7, 7, 7]
+
+
+def test_extreme_logits_stay_finite_and_in_support():
+    rows = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(3))
+    rows[0, 5], rows[0, 6] = 1e30, -1e30
+    rows[1, 8], rows[1, 9] = 3e38, 2e38  # / 0.5 overflows: the row is shifted by its max first
+    rows[2] = float("-inf")
+    rows[2, VOCAB - 1] = -1e30  # one finite entry, at the last id
+    rows[3, 11] = -1e34  # / 1e-5 overflows to -inf: probability 0 either way
+    rows[4] = 0.0
+    params = _params(5, temperature=0.5, top_k=20, top_p=0.9)
+    params.temperature[3], params.top_p[4] = GREEDY_BELOW, 1.0
+    processed = processed_logits(rows, params)
+    assert not torch.isnan(processed).any() and not (processed == float("inf")).any()
+    tokens = sample(processed, params)
+    assert tokens[:3].tolist() == [5, 8, VOCAB - 1]
+    logprobs = processed.log_softmax(-1).gather(-1, tokens[:, None])
+    assert torch.isfinite(logprobs).all()
+    assert torch.isfinite(processed[4]).nonzero().flatten().tolist() == list(range(20))  # ties: lower ids
