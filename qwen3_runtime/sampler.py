@@ -12,53 +12,85 @@ from dataclasses import dataclass
 import torch
 
 _MASK32 = 0xFFFFFFFF
+# Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
+GREEDY_BELOW = 1e-5
+# Hash bits per uniform: (k + 0.5) / 2**23 is exact in float32 for every k < 2**23, never 0 or 1.
+NOISE_BITS = 23
 
 
 @dataclass
 class SamplingTensors:
     """Per-row sampling parameters on the device ([B] each)."""
 
-    temperature: torch.Tensor  # f32, 0 = greedy
+    temperature: torch.Tensor  # f32, < GREEDY_BELOW (0 in practice) = greedy
     top_k: torch.Tensor  # int32, <= 0 = off
-    top_p: torch.Tensor  # f32, 1 = off
+    top_p: torch.Tensor  # f32, >= 1 = off
     seed: torch.Tensor  # int64
     position: torch.Tensor  # int64, position of the token being sampled
 
 
+def random_rows(params: SamplingTensors) -> torch.Tensor:
+    """[B] bool: rows sampled at random; the rest (temperature < GREEDY_BELOW) take the argmax of raw logits."""
+    return params.temperature >= GREEDY_BELOW
+
+
 def processed_logits(logits: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """What random rows sample from: logits / temperature, -inf outside top-k and top-p.
-    Greedy rows (temperature 0) keep their raw logits."""
-    scaled = _top_k_top_p(logits / params.temperature.clamp_min(1e-6)[:, None], params.top_k, params.top_p)
-    return torch.where((params.temperature > 0)[:, None], scaled, logits)
+    Greedy rows (temperature < GREEDY_BELOW) keep their raw logits. A row whose largest logit
+    would overflow when scaled is shifted by it first (the same distribution, but finite)."""
+    temperature = params.temperature.clamp_min(GREEDY_BELOW)[:, None]
+    peak = logits.amax(dim=-1, keepdim=True)
+    overflows = peak.isfinite() & ~(peak / temperature).isfinite()
+    scaled = torch.where(overflows, logits - peak, logits) / temperature
+    scaled = _top_k_top_p(scaled, params.top_k, params.top_p)
+    return torch.where(random_rows(params)[:, None], scaled, logits)
 
 
 def sample(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """Token ids [B] (int64) from processed logits: Gumbel-max for random rows, argmax for greedy ones."""
     noise = gumbel_noise(params.seed, params.position, processed.shape[-1])
-    noise = noise.masked_fill_((params.temperature == 0)[:, None], 0.0)
-    return (processed + noise).argmax(dim=-1)
+    noise.masked_fill_(~random_rows(params)[:, None], 0.0)
+    return noise.add_(processed).argmax(dim=-1)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """-inf outside each row's top-k and outside the smallest prefix holding top_p of the mass."""
+    """-inf outside each row's top-k and outside the smallest prefix holding top_p of the mass.
+    The mass is summed in float64: in float32 the running sum over ~150k probabilities reaches
+    1 early and masks tail tokens even at top_p = 1, which is therefore skipped outright."""
     vocab = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
     rank = torch.arange(vocab, device=logits.device)[None, :]
     k = torch.where(top_k > 0, top_k.long(), vocab)[:, None]
     sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
-    probs = sorted_logits.softmax(dim=-1)
-    mass_before = probs.cumsum(dim=-1) - probs
-    sorted_logits = sorted_logits.masked_fill(mass_before > top_p[:, None], float("-inf"))
+    probs = sorted_logits.softmax(dim=-1, dtype=torch.float64)
+    mass_before = probs.cumsum(dim=-1).sub_(probs)
+    outside = (mass_before > top_p[:, None]) & (top_p < 1)[:, None]
+    sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
 
 
 def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
     """Gumbel(0, 1) noise [B, vocab] from a counter-based hash of (seed, position, token id)."""
+    return gumbel_from_bits(hash_bits(seed, position, vocab) >> (32 - NOISE_BITS))
+
+
+def hash_bits(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, vocab] int64 in [0, 2**32): a hash of (seed, position, token id). The [B, vocab] steps
+    run in place: on the CPU allocating each intermediate costs more than the arithmetic."""
     key = _mix(_mix((seed & _MASK32) ^ _mix(seed >> 32)) ^ (position & _MASK32))
     token = torch.arange(vocab, device=seed.device, dtype=torch.int64)
-    bits = _mix(_mix(key[:, None] ^ token[None, :]) ^ 0x5BD1E995)
-    uniform = ((bits >> 8).float() + 0.5) * (1.0 / (1 << 24))  # in (0, 1)
-    return -torch.log(-torch.log(uniform))
+    bits = key[:, None] ^ token[None, :]
+    scratch = torch.empty_like(bits)
+    return _mix_(_mix_(bits, scratch).bitwise_xor_(0x5BD1E995), scratch)
+
+
+def gumbel_from_bits(k: torch.Tensor) -> torch.Tensor:
+    """Gumbel noise from k in [0, 2**NOISE_BITS) (int64), finite for every k: with u = (k + 0.5) / 2**23
+    in [2**-24, 1 - 2**-24], E = -log(u) is taken as -log1p(u - 1) (u - 1 is exact), so E > 0 even where
+    an inexact log would round log(u) to 0 for u next to 1; the noise is -log(E)."""
+    half_below_one = float((1 << NOISE_BITS) - 0.5)  # exact: u - 1 = (k - half_below_one) / 2**23
+    e = k.float().sub_(half_below_one).mul_(1.0 / (1 << NOISE_BITS)).log1p_().neg_()
+    return e.log_().neg_()
 
 
 def _mix(h: torch.Tensor) -> torch.Tensor:
@@ -67,3 +99,11 @@ def _mix(h: torch.Tensor) -> torch.Tensor:
     h = ((h ^ (h >> 16)) * 0x7FEB352D) & _MASK32
     h = ((h ^ (h >> 15)) * 0x1B873593) & _MASK32
     return h ^ (h >> 16)
+
+
+def _mix_(h: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
+    """_mix in place on h, with scratch (same shape) for the shifted copies."""
+    h.bitwise_and_(_MASK32)
+    h.bitwise_xor_(torch.bitwise_right_shift(h, 16, out=scratch)).mul_(0x7FEB352D).bitwise_and_(_MASK32)
+    h.bitwise_xor_(torch.bitwise_right_shift(h, 15, out=scratch)).mul_(0x1B873593).bitwise_and_(_MASK32)
+    return h.bitwise_xor_(torch.bitwise_right_shift(h, 16, out=scratch))

@@ -1,6 +1,16 @@
 import torch
 
-from qwen3_runtime.sampler import SamplingTensors, gumbel_noise, processed_logits, sample
+from qwen3_runtime.sampler import (
+    GREEDY_BELOW,
+    NOISE_BITS,
+    SamplingTensors,
+    _top_k_top_p,
+    gumbel_from_bits,
+    gumbel_noise,
+    hash_bits,
+    processed_logits,
+    sample,
+)
 
 
 def _params(n, temperature=1.0, top_k=-1, top_p=1.0, seed=0):
@@ -52,3 +62,157 @@ def test_processed_logits_scale_and_filter_random_rows_only():
     params.temperature[1] = 0.0
     out = processed_logits(logits, params)
     assert out[0].tolist() == [4.0, 2.0, float("-inf")] and out[1].tolist() == [2.0, 1.0, 0.0]
+
+
+# Qwen3's vocabulary: the float32 edges below only show at this size.
+VOCAB = 151_936
+# (seed, position, token): rows whose hash reaches its largest value (top 24 bits all ones) at `token`,
+# where the old map (bits >> 8 + 0.5) / 2**24 rounded to 1.0 and the noise was +inf. Found by a scan
+# of 2112 rows at VOCAB; about 1 row in 110 has one.
+EXTREME_ROWS = [
+    (663376102493142038, 820, 124065),
+    (3820451067676068949, 36097, 38762),
+    (2079195154127602215, 37688, 104441),
+    (3960201236132007025, 20330, 131012),
+    (7045732717745660262, 5057, 137202),
+    (3038654794535930731, 8154, 55102),
+    (2030900422948465474, 3416, 45),
+    (4294168435406650982, 32811, 78588),
+    (8943454257142263666, 5144, 65959),
+    (4483593432366002419, 16898, 54691),
+    (3002560640212351671, 34518, 51971),
+    (5869400710394365133, 11317, 49851),
+]
+
+
+def _rows(seeds, positions, temperature, top_k, top_p):
+    n = len(seeds)
+    return SamplingTensors(
+        torch.full((n,), temperature, dtype=torch.float32),
+        torch.full((n,), top_k, dtype=torch.int32),
+        torch.full((n,), top_p, dtype=torch.float32),
+        torch.as_tensor(seeds, dtype=torch.int64),
+        torch.as_tensor(positions, dtype=torch.int64),
+    )
+
+
+def _one_row(logits, temperature, top_k, top_p):
+    """Processed logits of one [V] row."""
+    return processed_logits(logits[None], _rows([0], [0], temperature, top_k, top_p))[0]
+
+
+def _head_logits():
+    """A [VOCAB] row: a Gaussian tail and a head of ten tokens among ids < 64."""
+    logits = torch.randn(VOCAB, generator=torch.Generator().manual_seed(33))
+    logits[[3, 9, 17, 24, 30, 41, 47, 52, 58, 63]] = torch.tensor([9.0, 8.8, 8.6, 8.3, 8.1, 7.9, 7.6, 7.4, 7.2, 7.0])
+    return logits
+
+
+def test_noise_is_finite_for_every_hash_value():
+    k = torch.arange(1 << NOISE_BITS, dtype=torch.int64)  # every value the map is ever given
+    noise = gumbel_from_bits(k)
+    assert torch.isfinite(noise).all()
+    assert (noise[1:] > noise[:-1]).all()  # strictly increasing: no two values collapse
+    # Against float64 at both ends, where the old map broke, and on a stride through the middle.
+    some = torch.cat([k[:4096], k[4096:-4096:61], k[-4096:]])
+    u = (some.double() + 0.5) / (1 << NOISE_BITS)
+    assert (noise[some].double() - (-torch.log(-torch.log(u)))).abs().max() < 2e-6
+    # The map is what gumbel_noise applies to the top NOISE_BITS bits of a 32-bit hash.
+    seed, pos = torch.tensor([1, 2**62 + 5]), torch.tensor([0, 9])
+    bits = hash_bits(seed, pos, 1000)
+    assert bits.min() >= 0 and bits.max() < 2**32
+    assert torch.equal(gumbel_noise(seed, pos, 1000), gumbel_from_bits(bits >> (32 - NOISE_BITS)))
+
+
+def test_sampled_tokens_stay_in_the_processed_support_at_real_vocab():
+    # The rows that reached the largest hash value, and random ones: ~0.6 rows x VOCAB token draws.
+    seeds, positions, extreme_tokens = map(list, zip(*EXTREME_ROWS))
+    gen = torch.Generator().manual_seed(1)
+    seeds += torch.randint(0, 2**62, (52,), generator=gen).tolist()
+    positions += torch.randint(0, 40960, (52,), generator=gen).tolist()
+    params = _rows(seeds, positions, 0.7, 20, 0.8)
+    bits = hash_bits(params.seed[:12], params.position[:12], VOCAB)
+    assert (bits[torch.arange(12), extreme_tokens] >> 8 == (1 << 24) - 1).all()  # the rows still test the edge
+    processed = _one_row(torch.randn(VOCAB, generator=gen) * 3, 0.7, 20, 0.8)
+    assert torch.isinf(processed[extreme_tokens]).all()  # ... on tokens outside the support
+    tokens = sample(processed.expand(len(seeds), VOCAB), params)
+    assert torch.isfinite(processed[tokens]).all()
+    assert torch.isfinite(processed.log_softmax(-1)[tokens]).all()
+
+
+def _chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
+    expected = probs * counts.sum()
+    stat = ((counts - expected) ** 2 / expected).sum()
+    return torch.special.gammaincc(torch.tensor((len(counts) - 1) / 2.0), stat / 2).item()
+
+
+def test_sampled_frequencies_match_the_processed_distribution_at_real_vocab():
+    logits, draws = _head_logits(), 20000
+    # temperature / top-p decide the support (top-k 20 is wider), then top-k does (top-p off).
+    for temperature, top_k, top_p, support in ((0.7, 20, 0.8, [3, 9, 17, 24, 30]), (1.3, 5, 1.0, [3, 9, 17, 24, 30])):
+        processed = _one_row(logits, temperature, top_k, top_p)
+        assert torch.isfinite(processed).nonzero().flatten().tolist() == support
+        torch.testing.assert_close(processed[support], logits[support] / temperature)
+        params = _rows(torch.arange(draws) * 7919 + 11, [17] * draws, temperature, top_k, top_p)
+        # Everything from id 64 on is -inf, so its noise cannot win: draw from the first 64 columns,
+        # whose noise is the full row's (checked here on 32 rows at full width).
+        tokens = sample(processed[:64].expand(draws, 64), params)
+        head = _rows(params.seed[:32], params.position[:32], temperature, top_k, top_p)
+        assert torch.equal(sample(processed.expand(32, VOCAB), head), tokens[:32])
+        counts = torch.bincount(tokens, minlength=64).double()
+        assert counts[support].sum() == draws
+        probs = (logits[support].double() / temperature).softmax(0)
+        assert _chi_square_p(counts[support], probs) > 1e-3
+
+
+def test_ties_are_broken_by_the_noise_not_the_token_id():
+    processed = _one_row(torch.zeros(VOCAB), 1.0, 4, 1.0)  # top-k among equal logits: the lowest ids
+    assert torch.isfinite(processed).nonzero().flatten().tolist() == [0, 1, 2, 3]
+    params = _rows(torch.arange(8000), [3] * 8000, 1.0, 4, 1.0)
+    counts = torch.bincount(sample(processed[:64].expand(8000, 64), params), minlength=64).double()
+    assert _chi_square_p(counts[:4], torch.full((4,), 0.25, dtype=torch.float64)) > 1e-3
+
+
+def test_top_p_one_keeps_every_token_and_the_mass_is_summed_exactly():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(4, VOCAB, generator=gen) * torch.tensor([1.0, 3.0, 4.0, 8.0])[:, None]
+    off = torch.full((4,), -1, dtype=torch.int32)
+    # A float32 running sum reaches 1 before the tail and masked up to ~100k tokens of these rows.
+    assert torch.isfinite(_top_k_top_p(logits, off, torch.ones(4))).all()
+    for top_p in (0.9, 0.999):
+        kept = torch.isfinite(_top_k_top_p(logits, off, torch.full((4,), top_p))).sum(-1)
+        sorted_probs = logits.double().sort(-1, descending=True).values.softmax(-1)
+        mass_before = sorted_probs.cumsum(-1) - sorted_probs
+        assert torch.equal(kept, (mass_before <= torch.tensor(top_p).double()).sum(-1))
+    # Equal logits: exactly the ids whose mass before them is <= 0.3 (r / V <= 0.3f).
+    kept = torch.isfinite(_one_row(torch.zeros(VOCAB), 1.0, -1, 0.3))
+    assert kept.nonzero().flatten().tolist() == list(range(45581))
+
+
+def test_temperature_below_the_greedy_threshold_is_greedy():
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(2))
+    logits[:, 7], logits[:, 99] = 1e33, 1e33  # tie: the lower id; 1e33 / 1e-6 overflowed float32
+    params = _params(4, temperature=1e-6, top_k=3, top_p=0.5)
+    params.temperature[1:] = torch.tensor([GREEDY_BELOW * 0.99, 1e-30, 0.0])
+    processed = processed_logits(logits, params)
+    assert torch.equal(processed, logits)  # raw, like temperature 0
+    assert sample(processed, params).tolist() == [7, 7, 7, 7]
+
+
+def test_extreme_logits_stay_finite_and_in_support():
+    rows = torch.randn(5, VOCAB, generator=torch.Generator().manual_seed(3))
+    rows[0, 5], rows[0, 6] = 1e30, -1e30
+    rows[1, 8], rows[1, 9] = 3e38, 2e38  # / 0.5 overflows: the row is shifted by its max first
+    rows[2] = float("-inf")
+    rows[2, VOCAB - 1] = -1e30  # one finite entry, at the last id
+    rows[3, 11] = -1e34  # / 1e-5 overflows to -inf: probability 0 either way
+    rows[4] = 0.0
+    params = _params(5, temperature=0.5, top_k=20, top_p=0.9)
+    params.temperature[3], params.top_p[4] = GREEDY_BELOW, 1.0
+    processed = processed_logits(rows, params)
+    assert not torch.isnan(processed).any() and not (processed == float("inf")).any()
+    tokens = sample(processed, params)
+    assert tokens[:3].tolist() == [5, 8, VOCAB - 1]
+    logprobs = processed.log_softmax(-1).gather(-1, tokens[:, None])
+    assert torch.isfinite(logprobs).all()
+    assert torch.isfinite(processed[4]).nonzero().flatten().tolist() == list(range(20))  # ties: lower ids
