@@ -13,11 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from qwen3_runtime.ops import use_triton
-
-
-def _cdiv(a: int, b: int) -> int:
-    return -(-a // b)
+from qwen3_runtime.ops import cdiv, use_triton
 
 
 @dataclass(frozen=True)
@@ -75,8 +71,8 @@ class ReduceWorkspace:
 
     @classmethod
     def allocate(cls, n_rows: int, vocab_size: int, k_max: int, device, config: ReduceConfig) -> ReduceWorkspace:
-        n_chunks = _cdiv(vocab_size, config.chunk)
-        n_blocks = _cdiv(vocab_size, config.block) if k_max > 0 else 0
+        n_chunks = cdiv(vocab_size, config.chunk)
+        n_blocks = cdiv(vocab_size, config.block) if k_max > 0 else 0
 
         def empty(cols: int, dtype: torch.dtype) -> torch.Tensor:
             return torch.empty(n_rows, cols, dtype=dtype, device=device)

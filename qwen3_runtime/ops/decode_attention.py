@@ -7,9 +7,8 @@ gathered through the block table, and runs an online softmax over them. A row wh
 split writes its output directly. Otherwise each split stores a normalised partial output and its
 log-sum-exp (base 2), counts its arrival with an atomic, and the last of the row's splits to arrive
 merges them (exp2(lse_i - max) weights, summed in a fixed order, so the result does not depend on which
-split is last) and resets the count for the next call. Against a second kernel for the merge
-(Qwen3-4B, H200, profile_decode wall ms per step at batch 1 / 8 / 32): 2.454-2.456 / 2.643-2.645 /
-2.994-2.997 -> 2.427-2.429 / 2.643-2.646 / 2.988-2.994, with 36 launches fewer.
+split is last) and resets the count for the next call. Merging in this kernel rather than a second
+one saves a launch per layer.
 
 The grid is static and every range is derived on the device from seq_lens (split length =
 ceil(tiles / num_splits) whole tiles), so the call is CUDA-graph capturable: splits past a row's
@@ -26,7 +25,7 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from qwen3_runtime.ops import num_sms, pdl_launch, use_triton
 
-# Tokens per tile: 32 measured best inside the Qwen3-4B step on the H200 (64 wins only past ~256 tokens/row).
+# Tokens per tile: the best inside the decode step at the context lengths served; 64 wins only on long rows.
 BLOCK_N = 32
 # Tensor-core dots need at least 16 rows, so a GQA group is padded up to this.
 MIN_GROUP_ROWS = 16
@@ -34,11 +33,8 @@ MIN_GROUP_ROWS = 16
 PROGRAMS_PER_SM = 2
 # Where (row, KV head) pairs fill at most half the SMs (up to 8 rows of Qwen3-4B): this many splits, about
 # one tile each at a few hundred tokens. More would leave most programs empty and, at 8 rows, make more
-# programs than the SMs hold at once (1088 for 17 splits; 5 fit an SM), so o_proj, which launches only
-# once all of them have started, preloads its weights later. Qwen3-4B on the H200, profile_decode wall ms
-# per step: batch 1 32 -> 8 splits 2.353 -> 2.338, batch 4 32 -> 8 2.491 -> 2.455, batch 8 17 -> 8 2.587
-# -> 2.552 (6: 2.552, 9: 2.562, 10: 2.566, 12: 2.570); at 1024 tokens a row (replay ms) batch 1 2.504 ->
-# 2.511, batch 8 3.096 -> 2.969, and 4 splits slower at both (2.636, 3.091).
+# programs than the SMs hold at once, so o_proj, which launches only once all of them have started,
+# preloads its weights later; fewer leave long rows short of parallelism.
 FEW_PAIRS_SPLITS = 8
 # Beyond this the per-split overhead (q load, partial write, merge) outweighs the parallelism.
 MAX_SPLITS = 32
@@ -46,11 +42,8 @@ MAX_SPLITS = 32
 MERGE_TILE = 64
 # Software-pipeline depth of the split's K/V loop. Where o_proj preloads its weights during attention
 # (dependents_early) and attention has more than two programs an SM, one stage (13 KB of shared memory a
-# program, against 37 KB at three) leaves room beside two of them for a preload program (198 KB). Qwen3-4B
-# on the H200, profile_decode wall ms per step at batch 8 (512 programs), three machines: 2.529-2.530 ->
-# 2.520-2.522, 2.551-2.554 -> 2.542-2.543, 2.547-2.550 -> 2.540-2.543; with qkv triggering early (model.py)
-# 2.514-2.517 -> 2.508-2.510. Batch 4 (256 programs), with qkv triggering early: 2.416-2.418 at three stages,
-# 2.450-2.451 at one; batch 1 (64): 2.318 at three, 2.349 at one (before qkv triggered early).
+# program, against 37 KB at three) leaves room beside two of them for a preload program (198 KB). With
+# fewer programs the deeper pipeline is faster.
 STAGES, STAGES_BESIDE_PRELOAD = 3, 1
 
 
@@ -132,10 +125,8 @@ def _decode_attention_kernel(
     split = tl.program_id(2)
     # seq_lens and the block table are staged by the host before the step and never written by a kernel,
     # so they are read while the predecessor runs: the first tile's block ids here, each next tile's
-    # during the tile before, so that K and V are one memory round trip away, not two (attention alone,
-    # Qwen3-4B on the H200: 32 rows of 4096 tokens 149 -> 131-135 us, of 1024 44 -> 40-41, 8 rows of 4096
-    # 46 -> 44; a few hundred tokens a row: within 0.6 us). Masked positions never touch the block table:
-    # its tail may hold anything.
+    # during the tile before, so that K and V are one memory round trip away, not two; this matters on
+    # long rows. Masked positions never touch the block table: its tail may hold anything.
     seq_len = tl.load(seq_lens_ptr + row)
     # Whole tiles per split (plain arithmetic: nested jit calls are slow in the interpreter).
     num_tiles = (seq_len + BLOCK_N - 1) // BLOCK_N
@@ -328,8 +319,8 @@ def paged_decode_attention(
     out (contiguous, q's shape and dtype) and workspace are allocated when not given; `arrivals` is the
     workspace's count buffer when no workspace is given (see decode_workspace).
     dependents_early: the kernel lets the next one launch as it starts, so that one is resident while
-    attention runs; for a kernel that uses the time (ops/linear_preload.py). For the skinny projections
-    it costs 1-2% at batches 8 and 32.
+    attention runs; for a kernel that uses the time (ops/linear_preload.py); before the skinny
+    projections it makes the step slower.
     """
     if not use_triton(q):
         reference = paged_decode_attention_reference(q, k_cache, v_cache, block_tables, seq_lens, scale)

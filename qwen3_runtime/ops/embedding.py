@@ -1,8 +1,8 @@
 """The decode step's first kernel: each row's input token and its embedding row, in one launch.
 
 With async scheduling a row's input token may be the one the step still in flight sampled for it
-(prev_row >= 0: that step's row), read on the device from that step's packed results. In PyTorch
-that selection and the embedding were six launches at the head of every decode step."""
+(prev_row >= 0: that step's row), read on the device from that step's packed results. One kernel,
+where the selection and the embedding in PyTorch take several launches at the head of every decode step."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Greedy decoding's row maximum and its token: `logits.max(dim=-1)` in two Triton kernels launched with
-programmatic dependent launch. PyTorch's reduction ran 8.5 / 9.7 / 17 µs a step at batch 1 / 8 / 32
-(Qwen3-4B, H200), plus the gap of a plain launch after the lm_head, for ~0.6 MB of logits a row.
+programmatic dependent launch: faster than PyTorch's reduction over ~0.6 MB of logits a row, and with
+no gap after the lm_head as a plain launch would leave.
 
 Stage 1, one program per (row, chunk of the vocabulary): the chunk's largest value, its lowest id,
 and whether it holds a NaN. Stage 2, one program per row: the same over the chunks, in order.

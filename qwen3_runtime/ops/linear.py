@@ -1,11 +1,11 @@
 """Projections of a few rows (decode) as a Triton skinny GEMM: y = x @ W^T with W [N, K] row-major.
 
 A decode step only streams weights, so what matters is keeping enough loads in flight on every
-SM. cuBLAS reaches 49-79% of the copy bandwidth on Qwen3-4B's projections at 1-32 rows, this
-kernel 68-86% (scripts/bench_kernels.py, H200). cuBLAS is worst on the two with few output columns
-(o_proj and down_proj, N = hidden size), where too few tiles cover the GPU. There each program takes one of `splits`
-slices of K and writes an fp32 partial sum; the partials are added by the next kernel, the
-residual add + RMSNorm (`add_rms_norm`), so the split costs no extra launch and no atomics.
+SM; at a few rows this kernel comes closer to the copy bandwidth than cuBLAS (scripts/bench_kernels.py).
+cuBLAS is worst on the two with few output columns (o_proj and down_proj, N = hidden size), where too
+few tiles cover the GPU. There each program takes one of `splits` slices of K and writes an fp32
+partial sum; the partials are added by the next kernel, the residual add + RMSNorm (`add_rms_norm`),
+so the split costs no extra launch and no atomics.
 Larger batches and prefill go to cuBLAS: launched eagerly, a Triton kernel costs more host time
 than a cuBLAS call (decode hides that in its CUDA graph).
 """
@@ -21,29 +21,23 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from qwen3_runtime.ops import num_sms, pdl_launch, use_triton
 from qwen3_runtime.ops.norms import silu_mul
 
-# Up to this many rows the skinny kernel beats cuBLAS on the H200: per Qwen3-4B layer (qkv, o, gate_up,
-# down) 57 against 68 us at 1 row, 61 against 70 at 32 (scripts/bench_kernels.py).
+# Up to this many rows the skinny kernel beats cuBLAS on Qwen3-4B's projections (scripts/bench_kernels.py).
 SKINNY_MAX_ROWS = 32
 BLOCK_N, BLOCK_K = 64, 128
 # Weight tiles in flight per SM, over all the programs it holds at once (pipeline stages x programs):
-# the best of 2-8 stages for each Qwen3-4B projection at 1, 8 and 32 rows on the H200 (triton 3.6).
+# tuned over 2-8 stages for each Qwen3-4B projection at 1, 8 and 32 rows (triton 3.6).
 WEIGHT_STAGES_PER_SM = 9
 MAX_STAGES = 6
 # A projection whose programs take all of K (qkv, gate/up: each after a norm) requests the first K-tiles
 # of its programs' weight rows into L2 before its PDL wait, about this many bytes in all (whole tiles, at
-# least one): they arrive while the norm runs and the DRAM idles. Qwen3-4B, H200, profile_decode wall ms
-# per step at batch 1 / 8 / 32: 2.431 / 2.651 / 2.989 without, 2.410 / 2.619 / 2.956 with (qkv 2 tiles,
-# gate/up 1); qkv alone 2 tiles 2.421 / 2.637 / 2.976, 4 tiles 2.435 / 2.651 / 2.980; gate/up 2 tiles, or
-# down_proj's slices 1-2 tiles (after gate/up, which keeps the DRAM busy), slower than the rule.
+# least one): they arrive while the norm runs and the DRAM idles. More is slower, and so is prefetching
+# down_proj's slices this way (after gate/up, which keeps the DRAM busy; but see MLP_EARLY_ROWS).
 PREFETCH_BYTES = 4 << 20
 # Up to this many rows gate/up lets down_proj launch as it starts, and down_proj's programs, resident as
 # gate/up's leave their SMs, request the first K-tile of their weight rows' slices into L2 (~2 MB for
-# Qwen3-4B) before their wait, while gate/up's last programs still stream. H200, Qwen3-4B, profile_decode
-# wall ms per step against the code before, same run, two machines: batch 1 2.345 -> 2.331 and 2.325 ->
-# 2.309, batch 8 2.548 -> 2.541 and 2.517 -> 2.516 (batch 32, not covered, 2.919 -> 2.920). Each alone was
-# no faster (docs/benchmark-log.md): the early launch 2.379 -> 2.375-2.378 / 2.595 -> 2.603-2.605 at
-# batch 1 / 8; down_proj's prefetch, launched after gate/up, 2.376-2.378 / 2.592-2.597 -> 2.397 /
-# 2.611-2.615.
+# Qwen3-4B) before their wait, while gate/up's last programs still stream. The two only pay together
+# (docs/benchmark-log.md): the early launch alone gains nothing, the prefetch alone is slower. Larger
+# batches gain nothing.
 MLP_EARLY_ROWS = 8
 
 
@@ -131,8 +125,7 @@ def _skinny_gemm_kernel(
 
 def _num_stages(programs: int, device: torch.device) -> int:
     """The deepest software pipeline that still lets every program be resident at once: a second wave
-    of a few programs leaves most SMs idle. Qwen3-4B's gate/up at 1 row (304 programs, H200): 28.0 us
-    with 6 stages, 30.3 with 4, 26.3 with 3; o_proj (160 programs): 8.7, 7.1, 7.3."""
+    of a few programs leaves most SMs idle."""
     return max(2, min(MAX_STAGES, WEIGHT_STAGES_PER_SM // triton.cdiv(programs, num_sms(device))))
 
 
@@ -235,10 +228,9 @@ def linear_partials(
     cuBLAS), for `add_rms_norm` to add up. By default the N / BLOCK_N column tiles x S programs are
     one per SM at most, with slices of at least 4 K-tiles (whole tiles, the last slice shorter where K
     does not divide): Qwen3-4B's o_proj and down_proj (40 tiles) take 3 slices, 120 programs of 6
-    stages. Against 4 equal slices (160 programs of 4 stages, which leave 28 SMs two programs), H200:
-    down_proj 14.29 -> 13.98 us at 1 row, 15.58 -> 15.18 at 32, o_proj 7.48 -> 7.30 at 32 (at up to
-    8 rows o_proj preloads, ops/linear_preload.py). launched_early: the kernel before lets this one launch
-    as it starts, so each program requests its slice's first weight tile of each row before its wait."""
+    stages, faster than 4 equal slices (160 programs of 4 stages), which leave some SMs two programs.
+    launched_early: the kernel before lets this one launch as it starts, so each program requests its
+    slice's first weight tile of each row before its wait."""
     if not _skinny(x, decode):
         return F.linear(x, weight)[None]
     n, k = weight.shape

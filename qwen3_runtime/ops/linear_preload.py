@@ -5,9 +5,9 @@ Between qkv and o_proj a decode layer runs latency-bound attention kernels while
 Launched early (`paged_decode_attention(..., dependents_early=True)`), this kernel's programs are
 resident during attention, each streaming its whole share of the weights (one 64-column tile, one
 slice of K, at most one program per SM) into shared memory; after the wait only the attention output
-is loaded and the MMAs run. H200, Qwen3-4B, profile_decode wall time per step against the skinny
-Triton kernel, same run: batch 1 2.514 -> 2.447 ms, batch 8 2.725 -> 2.673 ms. Larger batches keep
-the skinny kernel: attention's own programs then leave no SM room for ~200 KB of weights.
+is loaded and the MMAs run, so the weight stream overlaps attention instead of following it.
+Larger batches keep the skinny kernel: attention's own programs then leave no SM room for ~200 KB of
+weights.
 """
 
 from __future__ import annotations
@@ -32,12 +32,11 @@ from qwen3_runtime.ops import TRITON_INTERPRET, num_sms, pdl_launch
 
 TILE_N, TILE_K = 64, 128
 MAX_ROWS = 8
-# Shared memory one program may take: an H200 SM has 228 KB. No attention program (38 KB) fits beside
-# one, so its programs take SMs as attention's leave them. Making room (a 2-stage attention pipeline, and
-# the largest shared-memory carveout asked for) was slower: the weights then streamed during attention
-# delay its K/V reads by about their own DRAM time (docs/benchmark-log.md).
+# Shared memory one program may take, of the 228 KB of a Hopper SM: no three-stage attention program
+# (38 KB) fits beside one, so its programs take SMs as attention's leave them (where attention has more
+# than two programs an SM it runs one stage instead: decode_attention.STAGES_BESIDE_PRELOAD).
 SMEM_BUDGET = 200 * 1024
-# Gluon's TMA load was renamed after triton 3.6 (the H200's); the CPU tests compile it with a newer one.
+# Gluon's TMA load is async_copy_global_to_shared up to triton 3.6, async_load after (the CPU tests' triton).
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 
