@@ -204,7 +204,9 @@ def plot_decode(plt, d: dict) -> None:
         ("graph-async", "qwen3_runtime (CUDA graphs, async scheduling)", "b-o"),
         ("transformers static cache", "transformers static cache", "r-s"),
     ):
-        ax.plot(*zip(*sorted((r["batch"], r["tpot_ms"]) for r in d["rows"] if r["mode"] == mode)), style, label=label)
+        pts = sorted((r["batch"], r["tpot_ms"]) for r in d["rows"] if r["mode"] == mode)
+        if pts:
+            ax.plot(*zip(*pts), style, label=label)
     ax.axhline(d["floor_ms"], color="k", linestyle="--", label=f"weight-read floor {d['floor_ms']:.2f} ms")
     ax.axhline(1.25 * d["floor_ms"], color="gray", linestyle=":", label="1.25 × floor")
     batches = sorted({r["batch"] for r in d["rows"]})
