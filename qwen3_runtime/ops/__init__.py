@@ -13,10 +13,6 @@ import torch
 TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 
 
-def cdiv(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 @functools.lru_cache
 def num_sms(device: torch.device) -> int:
     """Streaming multiprocessors, for sizing grids; the CPU (references or interpreter) counts as one."""
