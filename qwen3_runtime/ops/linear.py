@@ -35,9 +35,8 @@ MAX_STAGES = 6
 PREFETCH_BYTES = 4 << 20
 # Up to this many rows gate/up lets down_proj launch as it starts, and down_proj's programs, resident as
 # gate/up's leave their SMs, request the first K-tile of their weight rows' slices into L2 (~2 MB for
-# Qwen3-4B) before their wait, while gate/up's last programs still stream. The two only pay together
-# (docs/benchmark-log.md): the early launch alone gains nothing, the prefetch alone is slower. Larger
-# batches gain nothing.
+# Qwen3-4B) before their wait, while gate/up's last programs still stream. The two only pay together:
+# the early launch alone gains nothing, the prefetch alone is slower. Larger batches gain nothing.
 MLP_EARLY_ROWS = 8
 
 
