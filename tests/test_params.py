@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from qwen3_runtime import SamplingParams
@@ -33,3 +34,44 @@ def test_bad_values_name_the_field(kwargs, words):
         SamplingParams(**kwargs)
     for word in words:
         assert word in str(err.value), (word, str(err.value))
+
+
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        ({"temperature": float("nan")}, "temperature=nan is invalid: expected a finite number"),
+        ({"temperature": float("inf")}, "temperature=inf is invalid: expected a finite number"),
+        ({"top_p": float("nan")}, "top_p=nan is invalid: expected a finite number"),
+        ({"top_p": np.float32("inf")}, "top_p=inf is invalid: expected a finite number"),
+        ({"top_p": 1.5}, "top_p=1.5 is out of range: must be in (0, 1]"),
+        ({"temperature": -1}, "temperature=-1.0 is out of range: must be >= 0 (0 is greedy)"),
+        ({"max_tokens": True}, "max_tokens=True is invalid: expected an integer"),
+        ({"top_k": np.float64(5)}, "top_k=np.float64(5.0) is invalid: expected an integer"),
+        ({"stop_token_ids": None}, "stop_token_ids=None is invalid: expected a list of token ids, got NoneType"),
+        ({"stop_token_ids": [np.float32(3)]}, "stop_token_ids[0]=np.float32(3.0) is invalid: expected an integer"),
+    ],
+)
+def test_non_finite_and_wrong_types_are_rejected_with_one_message_shape(kwargs, text):
+    with pytest.raises(ValueError) as err:
+        SamplingParams(**kwargs)
+    assert str(err.value) == text
+
+
+def test_numpy_scalars_are_accepted_as_python_numbers():
+    p = SamplingParams(
+        max_tokens=np.int64(4),
+        temperature=np.float32(0.5),
+        top_k=np.int32(3),
+        top_p=np.float32(0.25),
+        seed=np.uint32(7),
+        stop_token_ids=(np.int64(2), 5),
+        ignore_eos=np.bool_(True),
+        logprobs=np.int8(2),
+        prompt_logprobs=np.int16(1),
+    )
+    assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed) == (4, 0.5, 3, 0.25, 7)
+    assert (p.stop_token_ids, p.ignore_eos, p.logprobs, p.prompt_logprobs) == ([2, 5], True, 2, 1)
+    values = [p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed, p.ignore_eos, p.logprobs, p.prompt_logprobs]
+    assert [type(v) for v in values] == [int, float, int, float, int, bool, int, int]
+    assert all(type(t) is int for t in p.stop_token_ids)
+    assert SamplingParams(temperature=1).temperature == 1.0 and type(SamplingParams(temperature=1).temperature) is float
