@@ -1,7 +1,9 @@
-"""Per-request sampling parameters, checked when they are made."""
+"""Per-request sampling parameters, checked when they are made and again, with the model's limits, when
+they are submitted (check_request)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 
 from qwen3_runtime.validation import (
@@ -9,7 +11,9 @@ from qwen3_runtime.validation import (
     check_choice,
     check_float,
     check_int,
+    check_range,
     check_token_ids,
+    show,
 )
 
 
@@ -59,3 +63,42 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a request is checked against that only the loaded model and its config know."""
+
+    vocab_size: int
+    max_model_len: int
+    # logprobs.max_logprobs: -1 allows the whole vocabulary.
+    max_logprobs: int
+
+
+def check_request(prompt: object, params: object, limits: RequestLimits) -> tuple[list[int], SamplingParams]:
+    """The one check of a request: its prompt, every field of its params (again: they may have been
+    changed since they were made), and the model's limits. Returns the prompt as a list of ints and a
+    checked copy of the params, so later changes to the caller's object cannot reach a queued request.
+    Any fault raises ValueError, so a bad request fails alone."""
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params={show(params)} is invalid: expected SamplingParams")
+    params = dataclasses.replace(params)
+    vocab = limits.vocab_size
+    prompt = check_token_ids("prompt", prompt, vocab)
+    if not prompt:
+        raise ValueError("prompt is empty: a request needs at least one prompt token id")
+    if len(prompt) > limits.max_model_len:
+        raise ValueError(
+            f"prompt has {len(prompt)} tokens: it must be at most engine.max_model_len={limits.max_model_len}"
+        )
+    check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is None:
+            continue
+        if limits.max_logprobs == -1:
+            check_range(name, value, -1, vocab, note="-1: the whole vocabulary")
+        else:
+            note = "logprobs.max_logprobs; -1, the full vocabulary, needs max_logprobs: -1"
+            check_range(name, value, 0, limits.max_logprobs, note=note)
+    return prompt, params

@@ -15,10 +15,11 @@ from qwen3_runtime.config import Config, load_config
 from qwen3_runtime.device import num_kv_blocks, resolve_device, resolve_dtype
 from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache
 from qwen3_runtime.loader import load_model
-from qwen3_runtime.params import SamplingParams
+from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import PENDING, Request, RequestMetrics, RequestOutput, Status
 from qwen3_runtime.runner import ModelRunner, RowResult, RunnerStats, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
+from qwen3_runtime.validation import plain_token_ids
 
 
 @dataclass
@@ -62,10 +63,10 @@ class Runtime:
 
     def add_request(self, prompt: list[int], params: SamplingParams) -> int:
         """Queue a request and return its id; a bad request raises ValueError naming the parameter."""
-        self._validate(prompt, params)
+        prompt, params = self._validate(prompt, params)
         req = Request(
             self._new_id(),
-            list(prompt),
+            prompt,
             params,
             seed=params.seed if params.seed is not None else random.getrandbits(63),
             arrival_time=time.perf_counter(),
@@ -167,7 +168,7 @@ class Runtime:
                 ids.append(self.add_request(prompt, p))
             except ValueError as e:
                 ids.append(self._new_id())
-                prompt_ids = list(prompt) if isinstance(prompt, (list, tuple)) else []
+                prompt_ids = plain_token_ids(prompt)
                 outputs[ids[-1]] = RequestOutput(ids[-1], prompt_ids, [], None, None, "error", error=str(e))
         total = sum(p.max_tokens for i, p in zip(ids, per_request) if i not in outputs)
         with tqdm(total=total, unit="tok", disable=not use_tqdm, dynamic_ncols=True) as bar:
@@ -178,31 +179,10 @@ class Runtime:
                 bar.update(self.num_generated - before)
         return [outputs[i] for i in ids]
 
-    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params={params!r} is invalid: expected SamplingParams")
-        if not isinstance(prompt, (list, tuple)) or len(prompt) == 0:
-            raise ValueError("prompt is empty: a request needs at least one prompt token id")
-        max_len = self.config.engine.max_model_len
-        if len(prompt) > max_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens: it must be at most engine.max_model_len={max_len}")
-        vocab = self.vocab_size
-        for name, ids in (("prompt", prompt), ("stop_token_ids", params.stop_token_ids)):
-            for i, tok in enumerate(ids):
-                if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab:
-                    raise ValueError(f"{name}[{i}]={tok!r} is out of range: token ids must be integers in [0, {vocab})")
-        max_logprobs = self.config.logprobs.max_logprobs
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is None:
-                continue
-            if max_logprobs == -1 and not -1 <= value <= vocab:
-                raise ValueError(f"{name}={value} is out of range: must be in [-1, {vocab}] (-1: the whole vocabulary)")
-            if max_logprobs != -1 and not 0 <= value <= max_logprobs:
-                raise ValueError(
-                    f"{name}={value} is out of range: must be in [0, {max_logprobs}] "
-                    f"(logprobs.max_logprobs; -1, the full vocabulary, needs max_logprobs: -1)"
-                )
+    def _validate(self, prompt: object, params: object) -> tuple[list[int], SamplingParams]:
+        """The prompt as ints and a checked copy of the params; ValueError names what is wrong."""
+        limits = RequestLimits(self.vocab_size, self.config.engine.max_model_len, self.config.logprobs.max_logprobs)
+        return check_request(prompt, params, limits)
 
     def _finish_reason(self, req: Request, token: int) -> str | None:
         p = req.params

@@ -105,3 +105,12 @@ def check_token_ids(name: str, value: object, vocab_size: int | None = None) -> 
     for i, tok in enumerate(ids):
         check_range(f"{name}[{i}]", tok, 0, vocab_size, hi_open=True)
     return ids
+
+
+def plain_token_ids(value: object) -> list[int]:
+    """`value` as a list of ints when it is a list or tuple of integers (in range or not), else []:
+    the prompt a rejected request's output reports (plain data, as every output is)."""
+    try:
+        return [as_int("prompt", tok) for tok in value] if isinstance(value, (list, tuple)) else []
+    except ValueError:
+        return []

@@ -11,6 +11,7 @@ from qwen3_runtime.validation import (
     check_int,
     check_range,
     check_token_ids,
+    plain_token_ids,
 )
 
 
@@ -79,3 +80,8 @@ def test_choice():
         check_choice("mode", "x", ("raw", "processed"))
     with pytest.raises(ValueError, match="allowed values"):
         check_choice("mode", np.array(["raw", "raw"]), ("raw", "processed"))
+
+
+def test_plain_token_ids_of_a_rejected_prompt():
+    assert plain_token_ids((np.int64(1), -1)) == [1, -1] and type(plain_token_ids([np.int64(1)])[0]) is int
+    assert plain_token_ids("ab") == [] == plain_token_ids([None]) == plain_token_ids(np.arange(3))
