@@ -152,6 +152,11 @@ class PackedLogprobs(Sequence):
             return None
         return unpack_rows(self.rows[row : row + 1], [self.num_top])[0]
 
+    def to_list(self) -> list[TokenLogprob | None]:
+        """Every entry, built in one bulk unpack_rows: plain data for a RequestOutput."""
+        ok = self.rows[:, 1] == 0
+        return [None] * self.leading + _built_where(ok.tolist(), self.rows[ok], self.num_top)
+
     def count(self, value: object) -> int:
         if value is None:  # without building every entry
             return self.leading + int(np.count_nonzero(self.rows[:, 1]))
@@ -178,3 +183,23 @@ class StepLogprobs(Sequence):
             return [self[i] for i in range(*index.indices(len(self)))]
         entry = self.entries[index]
         return unpack_rows(entry[None], [self.num_top])[0] if isinstance(entry, np.ndarray) else entry
+
+    def to_list(self) -> list[TokenLogprob | None]:
+        """Every entry, the packed rows built in one bulk unpack_rows: plain data for a RequestOutput."""
+        is_row = [isinstance(entry, np.ndarray) for entry in self.entries]
+        rows = [entry for entry, packed in zip(self.entries, is_row) if packed]
+        built = _built_where(is_row, np.stack(rows) if rows else None, self.num_top)
+        return [new if packed else entry for new, entry, packed in zip(built, self.entries, is_row)]
+
+
+def _built_where(mask: list[bool], rows: np.ndarray | None, num_top: int) -> list[TokenLogprob | None]:
+    """One entry per `mask` value: the next of `rows` built (all in one unpack_rows) where True, else None."""
+    built = iter(unpack_rows(rows, [num_top] * len(rows)) if rows is not None else [])
+    return [next(built) if keep else None for keep in mask]
+
+
+def plain_logprobs(entries: Sequence[TokenLogprob | None] | None) -> list[TokenLogprob | None] | None:
+    """Logprob entries as a plain list, however they were kept (packed rows built in bulk); None stays None."""
+    if entries is None:
+        return None
+    return entries.to_list() if isinstance(entries, (PackedLogprobs, StepLogprobs)) else list(entries)

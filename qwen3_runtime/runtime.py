@@ -15,6 +15,7 @@ from qwen3_runtime.config import Config, load_config
 from qwen3_runtime.device import num_kv_blocks, resolve_device, resolve_dtype
 from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache
 from qwen3_runtime.loader import load_model
+from qwen3_runtime.packing import plain_logprobs
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import PENDING, Request, RequestMetrics, RequestOutput, Status
 from qwen3_runtime.runner import ModelRunner, RowResult, RunnerStats, StepInFlight
@@ -198,13 +199,14 @@ class Runtime:
 
 
 def _to_output(req: Request) -> RequestOutput:
+    """Plain data (dataclasses.asdict and json.dumps work): lazy logprobs are built here, in bulk."""
     wants_logprobs = req.params.logprobs is not None
     return RequestOutput(
         req.request_id,
         req.prompt,
         req.output,
-        req.logprobs if wants_logprobs else None,
-        req.prompt_logprobs,
+        plain_logprobs(req.logprobs) if wants_logprobs else None,
+        plain_logprobs(req.prompt_logprobs),
         req.finish_reason,
         req.error,
         RequestMetrics(req.arrival_time, req.first_token_time, req.finished_time),
