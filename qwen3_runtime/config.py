@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -13,6 +14,7 @@ from typing import Any, Literal, Union
 import yaml
 
 from qwen3_runtime.params import SamplingParams
+from qwen3_runtime.validation import as_float, as_int, check_range
 
 
 class ConfigError(ValueError):
@@ -243,20 +245,23 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
         return [_coerce(v, args[0], f"{key}[{i}]") for i, v in enumerate(value)]
     if dataclasses.is_dataclass(tp):
         return _build(tp, value, key + ".")
-    if tp is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if tp in (int, float, str, bool) and (type(value) is not tp):
+    if tp in (int, float):  # NumPy scalars too (overrides from Python), as Python numbers
+        return _checked(as_int if tp is int else as_float, key, value)
+    if tp in (str, bool) and (type(value) is not tp):
         raise ConfigError(f"{key}={value!r} is invalid: expected {tp.__name__}")
     return value
 
 
 def _check_range(key: str, value: float, lo: float | None, hi: float | None, lo_open: bool) -> None:
-    too_low = lo is not None and (value <= lo if lo_open else value < lo)
-    too_high = hi is not None and value > hi
-    if too_low or too_high:
-        lo_txt = "" if lo is None else f"{'>' if lo_open else '>='} {lo}"
-        hi_txt = "" if hi is None else f"<= {hi}"
-        raise ConfigError(f"{key}={value!r} is out of range: must be {' and '.join(t for t in (lo_txt, hi_txt) if t)}")
+    _checked(check_range, key, value, lo=lo, hi=hi, lo_open=lo_open)
+
+
+def _checked(check: Callable[..., Any], key: str, value: Any, **bounds: Any) -> Any:
+    """A shared checker (validation.py, the same messages as SamplingParams'), raising ConfigError."""
+    try:
+        return check(key, value, **bounds)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
 
 
 def _describe(tp: Any) -> str:

@@ -116,15 +116,9 @@ def unpack_rows(rows: np.ndarray, num_top: list[int]) -> list[TokenLogprob]:
     ints = rows[:, : HEADER + k_used].tolist()
     float_columns = [2, 4] + list(range(HEADER + k_max, HEADER + k_max + k_used))
     floats = rows[:, float_columns].view(np.float32).astype(np.float64).tolist()
+    # Positional: token_id, logprob, rank, logsumexp, top_ids, top_logprobs.
     return [
-        TokenLogprob(
-            token_id=i[0],
-            logprob=f[0],
-            rank=i[3],
-            logsumexp=f[1],
-            top_ids=i[HEADER : HEADER + k],
-            top_logprobs=f[2 : 2 + k],
-        )
+        TokenLogprob(i[0], f[0], i[3], f[1], i[HEADER : HEADER + k], f[2 : 2 + k])
         for i, f, k in zip(ints, floats, num_top)
     ]
 
@@ -150,6 +144,11 @@ class PackedLogprobs(Sequence):
         if row < 0 or self.rows[row, 1]:
             return None
         return unpack_rows(self.rows[row : row + 1], [self.num_top])[0]
+
+    def to_list(self) -> list[TokenLogprob | None]:
+        """Every entry, built in one bulk unpack_rows: plain data for a RequestOutput."""
+        ok = self.rows[:, 1] == 0
+        return [None] * self.leading + _built_where(ok.tolist(), self.rows[ok], self.num_top)
 
     def count(self, value: object) -> int:
         if value is None:  # without building every entry
@@ -177,3 +176,23 @@ class StepLogprobs(Sequence):
             return [self[i] for i in range(*index.indices(len(self)))]
         entry = self.entries[index]
         return unpack_rows(entry[None], [self.num_top])[0] if isinstance(entry, np.ndarray) else entry
+
+    def to_list(self) -> list[TokenLogprob | None]:
+        """Every entry, the packed rows built in one bulk unpack_rows: plain data for a RequestOutput."""
+        is_row = [isinstance(entry, np.ndarray) for entry in self.entries]
+        rows = [entry for entry, packed in zip(self.entries, is_row) if packed]
+        built = _built_where(is_row, np.stack(rows) if rows else None, self.num_top)
+        return [new if packed else entry for new, entry, packed in zip(built, self.entries, is_row)]
+
+
+def _built_where(mask: list[bool], rows: np.ndarray | None, num_top: int) -> list[TokenLogprob | None]:
+    """One entry per `mask` value: the next of `rows` built (all in one unpack_rows) where True, else None."""
+    built = iter(unpack_rows(rows, [num_top] * len(rows)) if rows is not None else [])
+    return [next(built) if keep else None for keep in mask]
+
+
+def plain_logprobs(entries: Sequence[TokenLogprob | None] | None) -> list[TokenLogprob | None] | None:
+    """Logprob entries as a plain list, however they were kept (packed rows built in bulk); None stays None."""
+    if entries is None:
+        return None
+    return entries.to_list() if isinstance(entries, (PackedLogprobs, StepLogprobs)) else list(entries)

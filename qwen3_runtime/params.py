@@ -1,8 +1,20 @@
-"""Per-request sampling parameters, checked when they are made."""
+"""Per-request sampling parameters, checked when they are made and again, with the model's limits, when
+they are submitted (check_request)."""
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+
+from qwen3_runtime.validation import (
+    as_bool,
+    check_choice,
+    check_float,
+    check_int,
+    check_range,
+    check_token_ids,
+    show,
+)
 
 
 @dataclass
@@ -31,42 +43,62 @@ class SamplingParams:
     logprobs_mode: str | None = None
 
     def __post_init__(self) -> None:
-        _check_int("max_tokens", self.max_tokens, lo=1)
-        _check_number("temperature", self.temperature)
-        if self.temperature < 0:
-            raise ValueError(f"temperature={self.temperature!r} is out of range: must be >= 0 (0 is greedy)")
-        _check_int("top_k", self.top_k, lo=-1)
-        _check_number("top_p", self.top_p)
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p={self.top_p!r} is out of range: must be in (0, 1]")
+        """Check every field and normalise NumPy numbers to Python ones. Runs again at submission
+        (check_request), as fields may be changed after the params are made."""
+        self.max_tokens = check_int("max_tokens", self.max_tokens, lo=1)
+        self.temperature = check_float("temperature", self.temperature, lo=0, note="0 is greedy")
+        self.top_k = check_int("top_k", self.top_k, lo=-1)
+        self.top_p = check_float("top_p", self.top_p, lo=0, hi=1, lo_open=True)
         if self.seed is not None:
-            _check_int("seed", self.seed, lo=0, hi=2**63 - 1)
-        if not isinstance(self.stop_token_ids, (list, tuple)):
-            raise ValueError(f"stop_token_ids={self.stop_token_ids!r} is invalid: expected a list of token ids")
-        for i, tok in enumerate(self.stop_token_ids):
-            _check_int(f"stop_token_ids[{i}]", tok, lo=0)
-        if not isinstance(self.ignore_eos, bool):
-            raise ValueError(f"ignore_eos={self.ignore_eos!r} is invalid: expected true or false")
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(self, name)
-            if value is not None:
-                _check_int(name, value, lo=-1)
-        if self.logprobs_mode not in (None, "raw", "processed"):
-            raise ValueError(f"logprobs_mode={self.logprobs_mode!r} is invalid: allowed values are raw, processed")
+            self.seed = check_int("seed", self.seed, lo=0, hi=2**63 - 1)
+        self.stop_token_ids = check_token_ids("stop_token_ids", self.stop_token_ids)
+        self.ignore_eos = as_bool("ignore_eos", self.ignore_eos)
+        if self.logprobs is not None:
+            self.logprobs = check_int("logprobs", self.logprobs, lo=-1)
+        if self.prompt_logprobs is not None:
+            self.prompt_logprobs = check_int("prompt_logprobs", self.prompt_logprobs, lo=-1)
+        if self.logprobs_mode is not None:
+            check_choice("logprobs_mode", self.logprobs_mode, ("raw", "processed"))
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
-def _check_int(name: str, value: object, lo: int | None = None, hi: int | None = None) -> None:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise ValueError(f"{name}={value!r} is invalid: expected an integer")
-    if (lo is not None and value < lo) or (hi is not None and value > hi):
-        bounds = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise ValueError(f"{name}={value!r} is out of range: must be {bounds}")
+@dataclass(frozen=True)
+class RequestLimits:
+    """What a request is checked against that only the loaded model and its config know."""
+
+    vocab_size: int
+    max_model_len: int
+    # logprobs.max_logprobs: -1 allows the whole vocabulary.
+    max_logprobs: int
 
 
-def _check_number(name: str, value: object) -> None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
-        raise ValueError(f"{name}={value!r} is invalid: expected a number")
+def check_request(prompt: object, params: object, limits: RequestLimits) -> tuple[list[int], SamplingParams]:
+    """The one check of a request: its prompt, every field of its params (again: they may have been
+    changed since they were made), and the model's limits. Returns the prompt as a list of ints and a
+    checked copy of the params, so later changes to the caller's object cannot reach a queued request.
+    Any fault raises ValueError, so a bad request fails alone."""
+    if not isinstance(params, SamplingParams):
+        raise ValueError(f"params={show(params)} is invalid: expected SamplingParams")
+    params = dataclasses.replace(params)
+    vocab = limits.vocab_size
+    prompt = check_token_ids("prompt", prompt, vocab)
+    if not prompt:
+        raise ValueError("prompt is empty: a request needs at least one prompt token id")
+    if len(prompt) > limits.max_model_len:
+        raise ValueError(
+            f"prompt has {len(prompt)} tokens: it must be at most engine.max_model_len={limits.max_model_len}"
+        )
+    check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
+    for name in ("logprobs", "prompt_logprobs"):
+        value = getattr(params, name)
+        if value is None:
+            continue
+        if limits.max_logprobs == -1:
+            check_range(name, value, -1, vocab, note="-1: the whole vocabulary")
+        else:
+            note = "logprobs.max_logprobs; -1, the full vocabulary, needs max_logprobs: -1"
+            check_range(name, value, 0, limits.max_logprobs, note=note)
+    return prompt, params

@@ -78,13 +78,17 @@ class RequestMetrics:
 
 @dataclass
 class RequestOutput:
-    """What `Runtime.generate` returns per request; `error` is set when the request was rejected or failed."""
+    """What `Runtime.generate` returns per request; `error` is set when the request was rejected or failed.
+
+    Plain data: `json.dumps(dataclasses.asdict(out))` works. A logprob may be -inf (a processed logprob
+    of a token that top-k / top-p filtered out), which json.dumps writes as -Infinity: Python's json
+    reads it back, strict JSON parsers do not (json.dumps(..., allow_nan=False) refuses it instead)."""
 
     request_id: int
     prompt_token_ids: list[int]
     token_ids: list[int]
-    logprobs: abc.Sequence[TokenLogprob | None] | None
-    prompt_logprobs: abc.Sequence[TokenLogprob | None] | None
+    logprobs: list[TokenLogprob | None] | None
+    prompt_logprobs: list[TokenLogprob | None] | None
     finish_reason: str | None
     error: str | None = None
     metrics: RequestMetrics | None = None

@@ -14,11 +14,13 @@ from qwen3_runtime.config import Config, load_config
 from qwen3_runtime.device import num_kv_blocks, resolve_device, resolve_dtype
 from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache
 from qwen3_runtime.loader import load_model
-from qwen3_runtime.params import SamplingParams
+from qwen3_runtime.packing import plain_logprobs
+from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import Request, RequestMetrics, RequestOutput, Status
 from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
 from qwen3_runtime.stats import RunnerStats
+from qwen3_runtime.validation import plain_token_ids
 
 
 class Runtime:
@@ -59,9 +61,9 @@ class Runtime:
 
     def add_request(self, prompt: list[int], params: SamplingParams) -> int:
         """Queue a request and return its id; a bad request raises ValueError naming the parameter."""
-        self._validate(prompt, params)
+        prompt, params = self._validate(prompt, params)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
-        req = Request(self._new_id(), list(prompt), params, seed=seed, arrival_time=time.perf_counter())
+        req = Request(self._new_id(), prompt, params, seed=seed, arrival_time=time.perf_counter())
         self.scheduler.add(req)
         return req.request_id
 
@@ -164,7 +166,7 @@ class Runtime:
                 budget[request_id] = min(p.max_tokens, self.config.engine.max_model_len - len(prompt))
             except ValueError as e:
                 request_id = self._new_id()
-                prompt_ids = list(prompt) if isinstance(prompt, (list, tuple)) else []
+                prompt_ids = plain_token_ids(prompt)
                 outputs[request_id] = RequestOutput(request_id, prompt_ids, [], None, None, "error", error=str(e))
             ids.append(request_id)
         with tqdm(total=sum(budget.values()), unit="tok", disable=not use_tqdm, dynamic_ncols=True) as bar:
@@ -180,41 +182,21 @@ class Runtime:
         self._next_id += 1
         return self._next_id - 1
 
-    def _validate(self, prompt: list[int], params: SamplingParams) -> None:
-        if not isinstance(params, SamplingParams):
-            raise ValueError(f"params={params!r} is invalid: expected SamplingParams")
-        if not isinstance(prompt, (list, tuple)) or len(prompt) == 0:
-            raise ValueError("prompt is empty: a request needs at least one prompt token id")
-        max_len = self.config.engine.max_model_len
-        if len(prompt) > max_len:
-            raise ValueError(f"prompt has {len(prompt)} tokens: it must be at most engine.max_model_len={max_len}")
-        vocab = self.vocab_size
-        for name, ids in (("prompt", prompt), ("stop_token_ids", params.stop_token_ids)):
-            for i, tok in enumerate(ids):
-                if not isinstance(tok, int) or isinstance(tok, bool) or not 0 <= tok < vocab:
-                    raise ValueError(f"{name}[{i}]={tok!r} is out of range: token ids must be integers in [0, {vocab})")
-        max_logprobs = self.config.logprobs.max_logprobs
-        for name in ("logprobs", "prompt_logprobs"):
-            value = getattr(params, name)
-            if value is None:
-                continue
-            if max_logprobs == -1 and not -1 <= value <= vocab:
-                raise ValueError(f"{name}={value} is out of range: must be in [-1, {vocab}] (-1: the whole vocabulary)")
-            if max_logprobs != -1 and not 0 <= value <= max_logprobs:
-                raise ValueError(
-                    f"{name}={value} is out of range: must be in [0, {max_logprobs}] "
-                    f"(logprobs.max_logprobs; -1, the full vocabulary, needs max_logprobs: -1)"
-                )
+    def _validate(self, prompt: object, params: object) -> tuple[list[int], SamplingParams]:
+        """The prompt as ints and a checked copy of the params; ValueError names what is wrong."""
+        limits = RequestLimits(self.vocab_size, self.config.engine.max_model_len, self.config.logprobs.max_logprobs)
+        return check_request(prompt, params, limits)
 
 
 def _to_output(req: Request) -> RequestOutput:
+    """Plain data (dataclasses.asdict and json.dumps work): lazy logprobs are built here, in bulk."""
     wants_logprobs = req.params.logprobs is not None
     return RequestOutput(
         req.request_id,
         req.prompt,
         req.output,
-        req.logprobs if wants_logprobs else None,
-        req.prompt_logprobs,
+        plain_logprobs(req.logprobs) if wants_logprobs else None,
+        plain_logprobs(req.prompt_logprobs),
         req.finish_reason,
         req.error,
         RequestMetrics(req.arrival_time, req.first_token_time, req.finished_time),

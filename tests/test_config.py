@@ -1,3 +1,4 @@
+import numpy as np
 import pytest
 
 from qwen3_runtime.config import ConfigError, bundled_configs, load_config, parse_override
@@ -34,7 +35,10 @@ def test_overrides_from_python_and_cli_text():
         ({"logprobs.path": "gpu"}, ["logprobs.path", "'gpu'", "device", "host"]),
         ({"engine.block_size": "16"}, ["engine.block_size", "'16'", "int"]),
         ({"engine.max_num_seqs": 0}, ["engine.max_num_seqs", "0", ">= 1"]),
-        ({"engine.gpu_memory_utilization": 1.5}, ["engine.gpu_memory_utilization", "1.5", "<= 1"]),
+        (
+            {"engine.gpu_memory_utilization": 1.5},
+            ["engine.gpu_memory_utilization=1.5 is out of range: must be in (0, 1]"],
+        ),
         ({"engine.max_num_batched_tokens": 8}, ["engine.max_num_batched_tokens", "max_model_len"]),
         ({"logprobs.max_logprobs": -2}, ["logprobs.max_logprobs", "-2", ">= -1"]),
         ({"model.architecture.num_key_value_heads": 3}, ["model.architecture.num_attention_heads", "3"]),
@@ -64,3 +68,29 @@ def test_yaml_file_with_unknown_top_level_key(tmp_path):
     path.write_text("model:\n  path: /x\nserver:\n  port: 1\n")
     with pytest.raises(ConfigError, match="unknown config key server"):
         load_config(path)
+
+
+@pytest.mark.parametrize(
+    "key, text",
+    [
+        ("model.architecture.rms_norm_eps", ".nan"),
+        ("model.architecture.rope_theta", ".inf"),
+        ("engine.gpu_memory_utilization", ".nan"),
+        ("engine.gpu_memory_utilization", "-.inf"),
+        ("generate.sampling.temperature", ".inf"),
+        ("generate.sampling.top_p", ".nan"),
+    ],
+)
+def test_non_finite_values_are_rejected(key, text):
+    _, value = parse_override(f"{key}={text}")
+    with pytest.raises(ConfigError) as err:
+        load_config("tiny", {key: value})
+    assert str(err.value) == f"{key}={value!r} is invalid: expected a finite number"
+
+
+def test_numpy_scalars_from_python_overrides_are_plain_numbers():
+    cfg = load_config("tiny", {"engine.max_num_seqs": np.int64(3), "engine.gpu_memory_utilization": np.float32(0.5)})
+    assert type(cfg.engine.max_num_seqs) is int and cfg.engine.max_num_seqs == 3
+    assert type(cfg.engine.gpu_memory_utilization) is float and cfg.engine.gpu_memory_utilization == 0.5
+    with pytest.raises(ConfigError, match=r"^engine.max_num_seqs=True is invalid: expected an integer$"):
+        load_config("tiny", {"engine.max_num_seqs": True})

@@ -1,6 +1,9 @@
+import numpy as np
 import pytest
+import torch
 
 from qwen3_runtime import SamplingParams
+from qwen3_runtime.params import RequestLimits, check_request
 
 
 def test_defaults_follow_vllm():
@@ -33,3 +36,109 @@ def test_bad_values_name_the_field(kwargs, words):
         SamplingParams(**kwargs)
     for word in words:
         assert word in str(err.value), (word, str(err.value))
+
+
+@pytest.mark.parametrize(
+    "kwargs, text",
+    [
+        ({"temperature": float("nan")}, "temperature=nan is invalid: expected a finite number"),
+        ({"temperature": float("inf")}, "temperature=inf is invalid: expected a finite number"),
+        ({"top_p": float("nan")}, "top_p=nan is invalid: expected a finite number"),
+        ({"top_p": np.float32("inf")}, "top_p=inf is invalid: expected a finite number"),
+        ({"top_p": 1.5}, "top_p=1.5 is out of range: must be in (0, 1]"),
+        ({"temperature": -1}, "temperature=-1.0 is out of range: must be >= 0 (0 is greedy)"),
+        ({"max_tokens": True}, "max_tokens=True is invalid: expected an integer"),
+        ({"top_k": np.float64(5)}, "top_k=np.float64(5.0) is invalid: expected an integer"),
+        ({"stop_token_ids": None}, "stop_token_ids=None is invalid: expected a list of token ids, got NoneType"),
+        ({"stop_token_ids": [np.float32(3)]}, "stop_token_ids[0]=np.float32(3.0) is invalid: expected an integer"),
+    ],
+)
+def test_non_finite_and_wrong_types_are_rejected_with_one_message_shape(kwargs, text):
+    with pytest.raises(ValueError) as err:
+        SamplingParams(**kwargs)
+    assert str(err.value) == text
+
+
+def test_numpy_scalars_are_accepted_as_python_numbers():
+    p = SamplingParams(
+        max_tokens=np.int64(4),
+        temperature=np.float32(0.5),
+        top_k=np.int32(3),
+        top_p=np.float32(0.25),
+        seed=np.uint32(7),
+        stop_token_ids=(np.int64(2), 5),
+        ignore_eos=np.bool_(True),
+        logprobs=np.int8(2),
+        prompt_logprobs=np.int16(1),
+    )
+    assert (p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed) == (4, 0.5, 3, 0.25, 7)
+    assert (p.stop_token_ids, p.ignore_eos, p.logprobs, p.prompt_logprobs) == ([2, 5], True, 2, 1)
+    values = [p.max_tokens, p.temperature, p.top_k, p.top_p, p.seed, p.ignore_eos, p.logprobs, p.prompt_logprobs]
+    assert [type(v) for v in values] == [int, float, int, float, int, bool, int, int]
+    assert all(type(t) is int for t in p.stop_token_ids)
+    assert SamplingParams(temperature=1).temperature == 1.0 and type(SamplingParams(temperature=1).temperature) is float
+
+
+LIMITS = RequestLimits(vocab_size=512, max_model_len=64, max_logprobs=20)
+
+
+@pytest.mark.parametrize(
+    "prompt, text",
+    [
+        (None, "prompt=None is invalid: expected a list of token ids, got NoneType"),
+        ("hello", "prompt='hello' is invalid: expected a list of token ids, got str"),
+        (np.array([1, 2]), "prompt=array([1, 2]) is invalid: expected a list of token ids, got ndarray"),
+        (torch.tensor([1, 2]), "prompt=tensor([1, 2]) is invalid: expected a list of token ids, got Tensor"),
+        ([1, True], "prompt[1]=True is invalid: expected an integer"),
+        ([1, 2.0], "prompt[1]=2.0 is invalid: expected an integer"),
+        ([1, 512], "prompt[1]=512 is out of range: must be in [0, 512)"),
+        ([], "prompt is empty: a request needs at least one prompt token id"),
+        ([1] * 65, "prompt has 65 tokens: it must be at most engine.max_model_len=64"),
+    ],
+)
+def test_wrong_prompts_are_named_accurately(prompt, text):
+    with pytest.raises(ValueError) as err:
+        check_request(prompt, SamplingParams(), LIMITS)
+    assert str(err.value) == text
+
+
+def test_a_numpy_integer_prompt_is_a_list_of_ints():
+    prompt, _ = check_request((np.int64(1), np.int32(511)), SamplingParams(), LIMITS)
+    assert prompt == [1, 511] and all(type(t) is int for t in prompt)
+
+
+@pytest.mark.parametrize(
+    "field, value, text",
+    [
+        ("max_tokens", -5, "max_tokens=-5 is out of range: must be >= 1"),
+        ("stop_token_ids", None, "stop_token_ids=None is invalid: expected a list of token ids, got NoneType"),
+        ("temperature", float("nan"), "temperature=nan is invalid: expected a finite number"),
+        ("logprobs_mode", "softmax", "logprobs_mode='softmax' is invalid: allowed values are raw, processed"),
+        ("seed", "1", "seed='1' is invalid: expected an integer"),
+    ],
+)
+def test_fields_changed_after_creation_are_checked_at_submission(field, value, text):
+    params = SamplingParams()
+    setattr(params, field, value)  # a mutable dataclass, as vLLM's
+    with pytest.raises(ValueError) as err:
+        check_request([1, 2], params, LIMITS)
+    assert str(err.value) == text
+
+
+def test_submission_checks_the_model_limits_and_returns_a_checked_copy():
+    with pytest.raises(ValueError, match=r"^stop_token_ids\[0\]=512 is out of range: must be in \[0, 512\)$"):
+        check_request([1], SamplingParams(stop_token_ids=[512]), LIMITS)
+    with pytest.raises(ValueError, match=r"^logprobs=21 is out of range: must be in \[0, 20\] \(logprobs.max_logprobs"):
+        check_request([1], SamplingParams(logprobs=21), LIMITS)
+    whole = RequestLimits(vocab_size=512, max_model_len=64, max_logprobs=-1)
+    assert check_request([1], SamplingParams(prompt_logprobs=-1), whole)[1].prompt_logprobs == -1
+    with pytest.raises(ValueError, match=r"^prompt_logprobs=513 is out of range: must be in \[-1, 512\]"):
+        check_request([1], SamplingParams(prompt_logprobs=513), whole)
+    with pytest.raises(ValueError, match=r"^params='greedy' is invalid: expected SamplingParams$"):
+        check_request([1], "greedy", LIMITS)
+    mine = SamplingParams(stop_token_ids=[3])
+    mine.max_tokens = np.int64(5)
+    _, params = check_request([1], mine, LIMITS)
+    assert params == SamplingParams(max_tokens=5, stop_token_ids=[3]) and type(params.max_tokens) is int
+    mine.stop_token_ids.append(4)  # later changes to the caller's object do not reach the request
+    assert params is not mine and params.stop_token_ids == [3]

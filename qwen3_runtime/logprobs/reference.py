@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 
-@dataclass
+@dataclass(slots=True)
 class TokenLogprob:
     """Log-probabilities of one row (all floats are Python floats from float64 math).
 
