@@ -6,7 +6,6 @@ import dataclasses
 import types
 import typing
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -165,9 +164,12 @@ def bundled_configs() -> list[str]:
 
 
 def _bundled_dir() -> Path:
-    """configs/ of a source checkout, else the copy installed inside the package."""
-    source = Path(__file__).resolve().parents[1] / "configs"
-    return source if source.is_dir() else Path(str(resources.files("qwen3_runtime.configs")))
+    """The copy installed inside the package (pyproject maps configs/ to qwen3_runtime/configs), else
+    configs/ of a source checkout. Not importlib.resources: without an __init__.py the installed
+    configs/ is a namespace package, whose files() is a MultiplexedPath that str() does not turn into a path."""
+    here = Path(__file__).resolve().parent
+    installed = here / "configs"
+    return installed if installed.is_dir() else here.parent / "configs"
 
 
 def _resolve(path: str | Path) -> Path:

@@ -64,3 +64,23 @@ def test_yaml_file_with_unknown_top_level_key(tmp_path):
     path.write_text("model:\n  path: /x\nserver:\n  port: 1\n")
     with pytest.raises(ConfigError, match="unknown config key server"):
         load_config(path)
+
+
+def test_bundled_configs_found_in_an_installed_layout(tmp_path, monkeypatch):
+    """A wheel puts configs/ inside the package, beside config.py, with no configs/ above it."""
+    import importlib.util
+    import shutil
+    import sys
+
+    import qwen3_runtime.config as source
+
+    package = tmp_path / "site-packages" / "qwen3_runtime"
+    shutil.copytree(source._bundled_dir(), package / "configs")
+    shutil.copy(source.__file__, package / "config.py")
+    spec = importlib.util.spec_from_file_location("installed_config", package / "config.py")
+    installed = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "installed_config", installed)  # dataclasses look their module up
+    spec.loader.exec_module(installed)
+    assert installed._bundled_dir() == package / "configs"
+    assert "tiny" in installed.bundled_configs()
+    assert installed.load_config("tiny").model.architecture.vocab_size == 1024
