@@ -9,6 +9,7 @@ import torch
 from safetensors import safe_open
 
 from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig
+from qwen3_runtime.device import check_weights_fit
 from qwen3_runtime.model import Qwen3ForCausalLM
 
 # Hugging Face projection names -> (our fused parameter, index of the shard inside it).
@@ -52,6 +53,9 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qw
     arch = read_architecture(cfg.path) if cfg.path else cfg.architecture
     with torch.device("meta"):
         model = Qwen3ForCausalLM(arch)
+    tied = arch.tie_word_embeddings
+    numel = sum(p.numel() for name, p in model.named_parameters() if not (tied and name == "lm_head.weight"))
+    check_weights_fit(numel * dtype.itemsize, device, dtype)
     model = model.to(dtype).to_empty(device=device)
     if cfg.path:
         _load_checkpoint(model, Path(cfg.path))
