@@ -10,8 +10,13 @@ import time
 import numpy as np
 
 from qwen3_runtime.config import ConfigError, bundled_configs, load_config, parse_override
+from qwen3_runtime.loader import CheckpointError
 from qwen3_runtime.request import RequestOutput
 from qwen3_runtime.runtime import Runtime
+
+# What a user's mistake raises (a config key, a checkpoint file or tensor): printed as `error: ...`, exit 2.
+# Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ConfigError, CheckpointError)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,10 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(args.config, dict(parse_override(s) for s in args.set))
         prompts = [_parse_ids(p) for p in args.prompt_ids] or None
-    except (ConfigError, ValueError) as e:
+        rt = Runtime(config)
+    except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    rt = Runtime(config)
     job = config.generate
     if prompts is None:
         prompts = job.prompts or _random_prompts(job.num_prompts, job.prompt_len, rt.vocab_size, job.prompt_seed)
@@ -64,7 +69,7 @@ def _parse_ids(text: str) -> list[int]:
     try:
         return [int(t) for t in text.split(",") if t.strip()]
     except ValueError:
-        raise ValueError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
+        raise ConfigError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
 
 
 def _random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
