@@ -1,12 +1,14 @@
 """The CLI in-process: a user's mistake is `error: ...` on stderr with exit 2, never a traceback."""
 
 import json
+import runpy
 import shutil
 
 import pytest
 import torch
 
 from qwen3_runtime import cli, ops
+from qwen3_runtime.request import RequestMetrics, RequestOutput
 
 
 @pytest.fixture(autouse=True)
@@ -50,6 +52,7 @@ def _config_json(tiny_checkpoint, **edits):
         ("config_json_syntax", ["config.json", "not readable JSON"]),
         ("config_json_missing_key", ["config.json", "missing config key vocab_size"]),
         ("config_json_wrong_type", ["config.json", "hidden_size='64'", "expected int"]),
+        ("prompt_ids", ["--prompt-ids '1,,2'", "entry 1 is empty"]),
         ("set_yaml", ["--set", "not valid YAML"]),
     ],
 )
@@ -73,9 +76,51 @@ def test_user_errors_are_one_line_and_exit_2(case, words, capsys, monkeypatch, t
         "config_json_syntax": lambda: ckpt("config.json", "{"),
         "config_json_missing_key": lambda: ckpt("config.json", _config_json(tiny_checkpoint, vocab_size=None)),
         "config_json_wrong_type": lambda: ckpt("config.json", _config_json(tiny_checkpoint, hidden_size="64")),
+        "prompt_ids": lambda: ["--prompt-ids", "1,,2"],
         "set_yaml": lambda: ["--set", "generate.prompts=[[1,"],
     }[case]()
     rc, out, err = _run(capsys, *args)
     assert rc == 2 and err.startswith("error: ") and "Traceback" not in err and err.count("\n") == 1, err
     for word in words:
         assert word in err, (word, err)
+
+
+def test_prints_model_line_prompt_and_output_logprobs(capsys):
+    rc, out, err = _run(
+        capsys,
+        "--prompt-ids",
+        "5, 6,7",
+        "--set",
+        "generate.sampling.prompt_logprobs=1",
+        "--set",
+        "generate.sampling.max_tokens=2",
+    )
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert (
+        lines[0].startswith("model: random weights (seed 0), config tiny: ") and "device cpu, dtype float32" in lines[0]
+    )
+    assert "vocab 1024" in lines[0] and "2 layers" in lines[0]
+    assert lines[1].startswith("[0] prompt 3 tokens -> 2 tokens")
+    assert lines[2].startswith("    prompt 1: token 6 logprob ") and " top [" in lines[2]
+    assert lines[3].startswith("    prompt 2: token 7 logprob ")
+    assert lines[4].startswith("    0: token ") and lines[6].startswith("requests 1  output tokens 2")
+
+
+def test_no_timing_line_when_every_request_failed(capsys):
+    failed = RequestOutput(
+        0, [1], [], None, None, "error", error="logits were not finite", metrics=RequestMetrics(0, 1, 2)
+    )
+    cli._print_timing([failed], wall=1.0)
+    out, err = capsys.readouterr()
+    assert out == "" and "no request succeeded" in err
+
+
+def test_version_and_python_dash_m(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("qwen3-runtime ")
+    monkeypatch.setattr("sys.argv", ["qwen3_runtime", "--version"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("qwen3_runtime", run_name="__main__")
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("qwen3-runtime ")
