@@ -3,19 +3,52 @@
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
 from qwen3_runtime.config import ConfigError, bundled_configs, load_config, parse_override
+from qwen3_runtime.loader import CheckpointError
+from qwen3_runtime.logprobs import TokenLogprob
 from qwen3_runtime.request import RequestOutput
 from qwen3_runtime.runtime import Runtime
 
+# What a user's mistake raises (a config key, a checkpoint file or tensor): printed as `error: ...`, exit 2.
+# Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ConfigError, CheckpointError)
+
 
 def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        config = load_config(args.config, dict(parse_override(s) for s in args.set))
+        prompts = [_parse_ids(p) for p in args.prompt_ids] or None
+        rt = Runtime(config)
+    except USER_ERRORS as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if not args.quiet:
+        print(_describe(args.config, rt))
+    job = config.generate
+    if prompts is None:
+        prompts = job.prompts or _random_prompts(job.num_prompts, job.prompt_len, rt.vocab_size, job.prompt_seed)
+    start = time.perf_counter()
+    outputs = rt.generate(prompts, job.sampling, use_tqdm=True)
+    wall = time.perf_counter() - start
+    if not args.quiet:
+        for out in outputs:
+            _print_output(out)
+    _print_timing(outputs, wall)
+    return 1 if any(out.error for out in outputs) else 0
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qwen3-runtime", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate tokens for prompts of token ids")
     gen.add_argument(
@@ -39,37 +72,49 @@ def main(argv: list[str] | None = None) -> int:
         help="override a config key, e.g. --set logprobs.path=host",
     )
     gen.add_argument("--quiet", action="store_true", help="print only the timing summary")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _version() -> str:
     try:
-        config = load_config(args.config, dict(parse_override(s) for s in args.set))
-        prompts = [_parse_ids(p) for p in args.prompt_ids] or None
-    except (ConfigError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    rt = Runtime(config)
-    job = config.generate
-    if prompts is None:
-        prompts = job.prompts or _random_prompts(job.num_prompts, job.prompt_len, rt.vocab_size, job.prompt_seed)
-    start = time.perf_counter()
-    outputs = rt.generate(prompts, job.sampling, use_tqdm=True)
-    wall = time.perf_counter() - start
-    if not args.quiet:
-        for out in outputs:
-            _print_output(out)
-    _print_timing(outputs, wall)
-    return 1 if any(out.error for out in outputs) else 0
+        return importlib.metadata.version("qwen3_runtime")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
+        return "(version unknown: not installed)"
 
 
 def _parse_ids(text: str) -> list[int]:
-    try:
-        return [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise ValueError(f"--prompt-ids {text!r}: expected comma-separated integers") from None
+    ids = []
+    for i, entry in enumerate(text.split(",")):
+        try:
+            ids.append(int(entry))
+        except ValueError:
+            what = "is empty" if not entry.strip() else f"{entry.strip()!r} is not an integer"
+            raise ConfigError(f"--prompt-ids {text!r}: entry {i} {what}; expected comma-separated token ids") from None
+    return ids
 
 
 def _random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return rng.integers(0, vocab, size=(count, length)).tolist()
+
+
+def _describe(config_name: str, rt: Runtime) -> str:
+    """One line: which weights, the shape, and where they run."""
+    arch, path = rt.model.config, rt.config.model.path
+    weights = f"checkpoint {path}" if path else f"random weights (seed {rt.config.model.seed})"
+    params = sum(p.numel() for p in rt.model.parameters())
+    return (
+        f"model: {weights}, config {config_name}: {_count(params)} parameters, {arch.num_hidden_layers} layers, "
+        f"hidden {arch.hidden_size}, {arch.num_attention_heads}/{arch.num_key_value_heads} heads, vocab "
+        f"{arch.vocab_size}; device {rt.device}, dtype {str(rt.dtype).removeprefix('torch.')}"
+    )
+
+
+def _count(n: int) -> str:
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if n >= scale:
+            return f"{n / scale:.2f}{suffix}"
+    return str(n)
 
 
 def _print_output(out: RequestOutput) -> None:
@@ -80,16 +125,27 @@ def _print_output(out: RequestOutput) -> None:
         f"[{out.request_id}] prompt {len(out.prompt_token_ids)} tokens -> {len(out.token_ids)} tokens "
         f"({out.finish_reason}): {' '.join(map(str, out.token_ids))}"
     )
-    for i, lp in enumerate(out.logprobs or []):
+    _print_logprobs(out.prompt_logprobs, "prompt ")
+    _print_logprobs(out.logprobs, "")
+
+
+def _print_logprobs(entries: Sequence[TokenLogprob | None] | None, label: str) -> None:
+    """One line per position; the first prompt token has no logprob (nothing precedes it)."""
+    for i, lp in enumerate(entries or []):
+        if lp is None:
+            continue
         top = ", ".join(f"{t}:{v:.3f}" for t, v in zip(lp.top_ids, lp.top_logprobs))
         print(
-            f"    {i}: token {lp.token_id} logprob {lp.logprob:.4f} rank {lp.rank}" + (f" top [{top}]" if top else "")
+            f"    {label}{i}: token {lp.token_id} logprob {lp.logprob:.4f} rank {lp.rank}"
+            + (f" top [{top}]" if top else "")
         )
 
 
 def _print_timing(outputs: list[RequestOutput], wall: float) -> None:
-    served = [o for o in outputs if o.ttft is not None]
+    """TTFT, TPOT and throughput over the requests that succeeded; none when all failed."""
+    served = [o for o in outputs if not o.error and o.ttft is not None]
     if not served:
+        print(f"no request succeeded ({len(outputs)} failed): no timing", file=sys.stderr)
         return
     ttft = [o.ttft for o in served]
     tpot = [o.tpot for o in served if o.tpot is not None]

@@ -7,7 +7,6 @@ import types
 import typing
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Union
 
@@ -146,7 +145,7 @@ class Config:
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:
     """Load a YAML file (or a bundled config name such as 'tiny') and apply dotted overrides."""
-    raw = yaml.safe_load(_resolve(path).read_text()) or {}
+    raw = _parse_yaml(_resolve(path)) or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     for key, value in (overrides or {}).items():
@@ -159,7 +158,26 @@ def parse_override(text: str) -> tuple[str, Any]:
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise ConfigError(f"--set {text!r}: expected key=value, e.g. logprobs.path=host")
-    return key.strip(), yaml.safe_load(value)
+    try:
+        return key.strip(), yaml.safe_load(value)
+    except yaml.YAMLError as e:
+        raise ConfigError(f"--set {text!r}: the value is not valid YAML: {_yaml_problem(e)}") from None
+
+
+def _parse_yaml(file: Path) -> Any:
+    try:
+        return yaml.safe_load(file.read_text())
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"{file}: not readable ({e})") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{file}: not valid YAML: {_yaml_problem(e)}") from None
+
+
+def _yaml_problem(e: yaml.YAMLError) -> str:
+    """PyYAML's multi-line message as one line: what is wrong and where."""
+    mark = getattr(e, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    return f"{getattr(e, 'problem', None) or e}{where}"
 
 
 def bundled_configs() -> list[str]:
@@ -167,9 +185,12 @@ def bundled_configs() -> list[str]:
 
 
 def _bundled_dir() -> Path:
-    """configs/ of a source checkout, else the copy installed inside the package."""
-    source = Path(__file__).resolve().parents[1] / "configs"
-    return source if source.is_dir() else Path(str(resources.files("qwen3_runtime.configs")))
+    """The copy installed inside the package (pyproject maps configs/ to qwen3_runtime/configs), else
+    configs/ of a source checkout. Not importlib.resources: without an __init__.py the installed
+    configs/ is a namespace package, whose files() is a MultiplexedPath that str() does not turn into a path."""
+    here = Path(__file__).resolve().parent
+    installed = here / "configs"
+    return installed if installed.is_dir() else here.parent / "configs"
 
 
 def _resolve(path: str | Path) -> Path:

@@ -1,14 +1,17 @@
-"""Where the engine runs: the device and dtype from the config, and how many KV blocks fit."""
+"""Where the engine runs: the device and dtype from the config, how much memory is free, and how many KV blocks fit."""
 
 from __future__ import annotations
 
+import os
+
 import torch
 
-from qwen3_runtime.config import ArchitectureConfig, EngineConfig
+from qwen3_runtime.config import ArchitectureConfig, ConfigError, EngineConfig
 from qwen3_runtime.kv_cache import kv_bytes_per_block
 from qwen3_runtime.ops import cdiv
 
 _DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+_GIB = 1024**3
 
 
 def resolve_device(name: str) -> torch.device:
@@ -16,7 +19,11 @@ def resolve_device(name: str) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(name)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"engine.device={name!r} is unavailable: this machine has no CUDA device")
+        raise ConfigError(f"engine.device={name!r} is unavailable: this machine has no CUDA device (use auto or cpu)")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ConfigError(
+            f"engine.device={name!r} is unavailable: this machine has {torch.cuda.device_count()} CUDA device(s)"
+        )
     return device
 
 
@@ -26,20 +33,73 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return _DTYPES[name]
 
 
-def num_kv_blocks(engine: EngineConfig, arch: ArchitectureConfig, device: torch.device, dtype: torch.dtype) -> int:
-    """engine.num_kv_blocks, or enough for max_num_seqs full-length sequences, capped by free memory."""
-    if engine.num_kv_blocks is not None:
-        blocks = engine.num_kv_blocks
-    else:
-        blocks = engine.max_num_seqs * cdiv(engine.max_model_len, engine.block_size)
-        if device.type == "cuda":
-            free, _ = torch.cuda.mem_get_info(device)
-            per_block = kv_bytes_per_block(arch, engine.block_size, dtype)
-            blocks = min(blocks, int(free * engine.gpu_memory_utilization) // per_block)
-    needed = cdiv(engine.max_model_len, engine.block_size)
-    if blocks < needed:
-        raise ValueError(
-            f"engine.num_kv_blocks={blocks} is too small: one max_model_len sequence "
-            f"needs {needed} blocks of engine.block_size={engine.block_size}"
+def available_memory(device: torch.device) -> int | None:
+    """Bytes free for new tensors: the GPU's free memory, or the host's available memory for the CPU
+    (None where it cannot be read)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    return host_available_memory()
+
+
+def host_available_memory() -> int | None:
+    """Linux's MemAvailable (free plus reclaimable cache), within a cgroup v2 limit (containers, CI);
+    elsewhere free pages from sysconf; None when neither exists."""
+    try:
+        with open("/proc/meminfo") as f:
+            kib = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration, ValueError):
+        try:
+            return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    return min(kib * 1024, _cgroup_headroom() or kib * 1024)
+
+
+def _cgroup_headroom() -> int | None:
+    """memory.max minus memory.current of this process's cgroup (v2), or None without a limit."""
+    try:
+        with open("/proc/self/cgroup") as f:
+            path = next(line.split(":", 2)[2].strip() for line in f if line.startswith("0::"))
+        base = f"/sys/fs/cgroup{path}".rstrip("/")
+        with open(f"{base}/memory.max") as f_max, open(f"{base}/memory.current") as f_cur:
+            limit, current = f_max.read().strip(), int(f_cur.read())
+    except (OSError, StopIteration, ValueError, IndexError):
+        return None
+    return None if limit == "max" else max(int(limit) - current, 0)
+
+
+def check_weights_fit(num_bytes: int, device: torch.device, dtype: torch.dtype) -> None:
+    """A clear error instead of an out-of-memory kill when the weights alone exceed free memory."""
+    free = available_memory(device)
+    if free is not None and num_bytes > free:
+        raise ConfigError(
+            f"the model's weights need {num_bytes / _GIB:.1f} GiB in {str(dtype).removeprefix('torch.')} "
+            f"(model.dtype) but {device} has {free / _GIB:.1f} GiB available: use a smaller model, "
+            "a 16-bit model.dtype, or a GPU"
         )
-    return blocks
+
+
+def num_kv_blocks(engine: EngineConfig, arch: ArchitectureConfig, device: torch.device, dtype: torch.dtype) -> int:
+    """engine.num_kv_blocks, or enough for max_num_seqs full-length sequences, capped by
+    gpu_memory_utilization of the free memory (the GPU's, or the host's on the CPU)."""
+    needed = cdiv(engine.max_model_len, engine.block_size)
+    if engine.num_kv_blocks is not None:
+        if engine.num_kv_blocks < needed:
+            raise ConfigError(
+                f"engine.num_kv_blocks={engine.num_kv_blocks} is too small: one engine.max_model_len="
+                f"{engine.max_model_len} sequence needs {needed} blocks of engine.block_size={engine.block_size}"
+            )
+        return engine.num_kv_blocks
+    blocks = engine.max_num_seqs * cdiv(engine.max_model_len, engine.block_size)
+    free = available_memory(device)
+    if free is None:
+        return blocks
+    per_block = kv_bytes_per_block(arch, engine.block_size, dtype)
+    fit = int(free * engine.gpu_memory_utilization) // per_block
+    if fit < needed:
+        raise ConfigError(
+            f"the KV cache fits {fit} blocks in engine.gpu_memory_utilization={engine.gpu_memory_utilization} of "
+            f"the {free / _GIB:.2f} GiB free on {device}, but one engine.max_model_len={engine.max_model_len} "
+            f"sequence needs {needed}: lower engine.max_model_len or use a smaller model"
+        )
+    return min(blocks, fit)

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
-from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig
+from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig, _build
+from qwen3_runtime.device import check_weights_fit
 from qwen3_runtime.model import Qwen3ForCausalLM
 
 # Hugging Face projection names -> (our fused parameter, index of the shard inside it).
@@ -26,25 +29,75 @@ class CheckpointError(ValueError):
 
 
 def read_architecture(path: str | Path) -> ArchitectureConfig:
-    """The shape from a checkpoint's config.json (unknown keys ignored)."""
-    config_file = Path(path) / "config.json"
+    """The shape from a checkpoint's config.json (unknown keys ignored), its end-of-sequence ids merged
+    with generation_config.json's as transformers does (real Qwen3 checkpoints stop on either)."""
+    directory = Path(path)
+    if not directory.is_dir():
+        raise ConfigError(f"model.path={str(path)!r} is not a directory (expected a Hugging Face checkpoint)")
+    config_file = directory / "config.json"
     if not config_file.is_file():
         raise ConfigError(f"model.path={str(path)!r}: no config.json there")
-    hf = json.loads(config_file.read_text())
-    if hf.get("model_type") not in (None, "qwen3"):
-        raise ConfigError(f"model.path={str(path)!r}: model_type {hf['model_type']!r} is not qwen3")
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    if rope.get("rope_type", rope.get("type", "default")) != "default":
-        raise ConfigError(f"model.path={str(path)!r}: rope type {rope.get('rope_type')!r} is not supported")
-    if hf.get("use_sliding_window"):
-        raise ConfigError(f"model.path={str(path)!r}: sliding-window attention is not supported")
+    hf = _read_json(config_file)
+    _check_supported(hf, config_file)
     names = ArchitectureConfig.__dataclass_fields__
-    kwargs = {k: v for k, v in hf.items() if k in names}
+    raw = {k: v for k, v in hf.items() if k in names}
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if "rope_theta" in rope:  # transformers 5 nests it
-        kwargs["rope_theta"] = rope["rope_theta"]
-    if kwargs.get("head_dim") is None:
-        kwargs["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
-    return ArchitectureConfig(**kwargs)
+        raw["rope_theta"] = rope["rope_theta"]
+    if raw.get("head_dim") is None:
+        raw.pop("head_dim", None)
+        with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):  # else _build names the bad key
+            raw["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
+    try:
+        arch = _build(ArchitectureConfig, raw, "")
+    except ConfigError as e:
+        raise ConfigError(f"{config_file}: {e}") from None
+    own = _eos_ids(arch.eos_token_id)
+    extra = [t for t in _generation_eos(directory) if t not in own]
+    return dataclasses.replace(arch, eos_token_id=own + extra) if extra else arch
+
+
+def _read_json(file: Path, error: type[ValueError] = ConfigError) -> dict:
+    try:
+        data = json.loads(file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise error(f"{file}: not readable JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise error(f"{file}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _check_supported(hf: dict, config_file: Path) -> None:
+    """Reject what the model would otherwise silently compute differently from transformers."""
+    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else rope
+    supported = {  # key: (its value, the values this runtime implements)
+        "model_type": (hf.get("model_type"), (None, "qwen3")),
+        "hidden_act": (hf.get("hidden_act"), (None, "silu")),
+        "attention_bias": (hf.get("attention_bias"), (None, False)),
+        "use_sliding_window": (hf.get("use_sliding_window"), (None, False)),
+        "rope_parameters.rope_type": (rope_type, (None, "default")),
+    }
+    for key, (value, allowed) in supported.items():
+        if value not in allowed:
+            raise ConfigError(
+                f"{config_file}: {key}={value!r} is not supported (supported: {', '.join(map(repr, allowed[1:]))})"
+            )
+
+
+def _eos_ids(value: int | list[int] | None) -> list[int]:
+    return [] if value is None else list(value) if isinstance(value, list) else [value]
+
+
+def _generation_eos(directory: Path) -> list[int]:
+    """generation_config.json's eos_token_id (an id or a list), or [] without that file."""
+    file = directory / "generation_config.json"
+    if not file.is_file():
+        return []
+    ids = _eos_ids(_read_json(file).get("eos_token_id"))
+    if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
+        raise ConfigError(f"{file}: eos_token_id={ids!r} is invalid: expected an int or a list of int")
+    return ids
 
 
 def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
@@ -52,6 +105,9 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qw
     arch = read_architecture(cfg.path) if cfg.path else cfg.architecture
     with torch.device("meta"):
         model = Qwen3ForCausalLM(arch)
+    tied = arch.tie_word_embeddings
+    numel = sum(p.numel() for name, p in model.named_parameters() if not (tied and name == "lm_head.weight"))
+    check_weights_fit(numel * dtype.itemsize, device, dtype)
     model = model.to(dtype).to_empty(device=device)
     if cfg.path:
         _load_checkpoint(model, Path(cfg.path))
@@ -64,8 +120,10 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qw
 def _checkpoint_files(path: Path) -> list[Path]:
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        return [path / s for s in shards]
+        weight_map = _read_json(index, CheckpointError).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise CheckpointError(f"{index}: no weight_map mapping tensor names to files")
+        return [path / s for s in sorted(set(weight_map.values()))]
     single = path / "model.safetensors"
     if single.is_file():
         return [single]
@@ -95,32 +153,39 @@ def _shard_slice(param_name: str, shard: int, cfg: ArchitectureConfig) -> slice:
 
 
 def _load_checkpoint(model: Qwen3ForCausalLM, path: Path) -> None:
-    params = dict(model.named_parameters(remove_duplicate=False))
     expected = _checkpoint_names(model)
-    device = next(model.parameters()).device
     seen = set()
     for file in _checkpoint_files(path):
-        with safe_open(str(file), framework="pt", device=str(device)) as f:
-            for name in f.keys():
-                if name not in expected:
-                    raise CheckpointError(f"unexpected tensor {name!r} in {file.name}")
-                param_name, shard = expected[name]
-                dest = params[param_name].data
-                if shard is not None:
-                    dest = dest[_shard_slice(param_name, shard, model.config)]
-                tensor = f.get_tensor(name)
-                if tuple(tensor.shape) != tuple(dest.shape):
-                    raise CheckpointError(
-                        f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
-                    )
-                dest.copy_(tensor)
-                seen.add(name)
-    if "lm_head.weight" not in seen:  # tied embeddings: checkpoints omit lm_head
+        try:
+            seen |= _load_file(model, file, expected)
+        except (SafetensorError, OSError) as e:  # truncated, empty or missing: name the file
+            raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
+    if "lm_head.weight" not in seen and model.config.tie_word_embeddings:  # tied checkpoints omit lm_head
         model.tie_lm_head()
         seen.add("lm_head.weight")
     missing = sorted(set(expected) - seen)
     if missing:
-        raise CheckpointError(f"missing tensor {missing[0]!r} in {path} ({len(missing)} missing in all)")
+        untied = " (config.json has tie_word_embeddings: false)" if missing[0] == "lm_head.weight" else ""
+        raise CheckpointError(f"missing tensor {missing[0]!r} in {path}{untied} ({len(missing)} missing in all)")
+
+
+def _load_file(model: Qwen3ForCausalLM, file: Path, expected: dict[str, tuple[str, int | None]]) -> set[str]:
+    """Copy one safetensors file's tensors into the model; returns their names."""
+    params = dict(model.named_parameters(remove_duplicate=False))
+    device = next(model.parameters()).device
+    with safe_open(str(file), framework="pt", device=str(device)) as f:
+        for name in f.keys():
+            if name not in expected:
+                raise CheckpointError(f"unexpected tensor {name!r} in {file.name}")
+            param_name, shard = expected[name]
+            dest = params[param_name].data
+            if shard is not None:
+                dest = dest[_shard_slice(param_name, shard, model.config)]
+            tensor = f.get_tensor(name)
+            if tuple(tensor.shape) != tuple(dest.shape):
+                raise CheckpointError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+            dest.copy_(tensor)
+        return set(f.keys())
 
 
 def _init_random(model: Qwen3ForCausalLM, seed: int) -> None:

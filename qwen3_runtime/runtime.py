@@ -10,7 +10,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from qwen3_runtime.config import Config, load_config
+from qwen3_runtime.config import Config, ConfigError, load_config
 from qwen3_runtime.device import num_kv_blocks, resolve_device, resolve_dtype
 from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache
 from qwen3_runtime.loader import load_model
@@ -32,7 +32,7 @@ class Runtime:
         self.model = load_model(config.model, self.device, self.dtype)
         arch = self.model.config
         if engine.max_model_len > arch.max_position_embeddings:
-            raise ValueError(
+            raise ConfigError(
                 f"engine.max_model_len={engine.max_model_len} is out of range: must be <= "
                 f"max_position_embeddings={arch.max_position_embeddings} of the model"
             )

@@ -94,3 +94,23 @@ def test_numpy_scalars_from_python_overrides_are_plain_numbers():
     assert type(cfg.engine.gpu_memory_utilization) is float and cfg.engine.gpu_memory_utilization == 0.5
     with pytest.raises(ConfigError, match=r"^engine.max_num_seqs=True is invalid: expected an integer$"):
         load_config("tiny", {"engine.max_num_seqs": True})
+
+
+def test_bundled_configs_found_in_an_installed_layout(tmp_path, monkeypatch):
+    """A wheel puts configs/ inside the package, beside config.py, with no configs/ above it."""
+    import importlib.util
+    import shutil
+    import sys
+
+    import qwen3_runtime.config as source
+
+    package = tmp_path / "site-packages" / "qwen3_runtime"
+    shutil.copytree(source._bundled_dir(), package / "configs")
+    shutil.copy(source.__file__, package / "config.py")
+    spec = importlib.util.spec_from_file_location("installed_config", package / "config.py")
+    installed = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "installed_config", installed)  # dataclasses look their module up
+    spec.loader.exec_module(installed)
+    assert installed._bundled_dir() == package / "configs"
+    assert "tiny" in installed.bundled_configs()
+    assert installed.load_config("tiny").model.architecture.vocab_size == 1024

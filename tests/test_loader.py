@@ -1,10 +1,11 @@
 import json
+import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from qwen3_runtime.config import ArchitectureConfig, ModelConfig
+from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig
 from qwen3_runtime.loader import CheckpointError, load_model, read_architecture
 
 
@@ -80,3 +81,75 @@ def test_random_weights_are_seeded_and_respect_tying():
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(pa, pb), name
     assert not a.lm_head_is_tied and a.model.norm.weight.eq(1).all()
+
+
+def _copy(checkpoint, tmp_path, **config_edits):
+    """A copy of `checkpoint` whose config.json has `config_edits` applied (None deletes the key)."""
+    path = tmp_path / "ckpt"
+    shutil.copytree(checkpoint, path)
+    config = json.loads((path / "config.json").read_text())
+    config.update(config_edits)
+    (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+    return path
+
+
+@pytest.mark.parametrize(
+    "own, generation, expected",
+    [(7, {"eos_token_id": [9, 7]}, (7, 9)), (None, {"eos_token_id": 5}, (5,)), (7, None, (7,)), ([3, 4], {}, (3, 4))],
+)
+def test_eos_ids_merge_generation_config(tiny_checkpoint, tmp_path, own, generation, expected):
+    """Qwen3's config.json names <|endoftext|>; generation_config.json adds <|im_end|>, the end of a turn."""
+    path = _copy(tiny_checkpoint, tmp_path, eos_token_id=own)
+    (path / "generation_config.json").unlink(missing_ok=True)
+    if generation is not None:
+        (path / "generation_config.json").write_text(json.dumps(generation))
+    assert read_architecture(path).eos_token_ids == expected
+
+
+def test_untied_checkpoint_without_lm_head_is_an_error(make_checkpoint):
+    path = make_checkpoint(tie_word_embeddings=False)
+    _edit(path, lambda t: t.pop("lm_head.weight"))
+    with pytest.raises(CheckpointError, match=r"missing tensor 'lm_head.weight'.*tie_word_embeddings: false"):
+        _load(path)
+
+
+@pytest.mark.parametrize(
+    "edits, words",
+    [
+        ({"hidden_act": "gelu"}, ["hidden_act='gelu'", "silu"]),
+        ({"attention_bias": True}, ["attention_bias=True"]),
+        ({"model_type": "llama"}, ["model_type='llama'", "qwen3"]),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, ["rope_type='yarn'"]),
+        ({"hidden_size": None}, ["missing config key hidden_size"]),
+        ({"num_hidden_layers": "2"}, ["num_hidden_layers='2'", "expected int"]),
+        ({"eos_token_id": "x"}, ["eos_token_id='x'"]),
+    ],
+)
+def test_unsupported_or_bad_config_json_names_the_key(tiny_checkpoint, tmp_path, edits, words):
+    path = _copy(tiny_checkpoint, tmp_path, **edits)
+    with pytest.raises(ConfigError) as err:
+        read_architecture(path)
+    for word in [str(path / "config.json"), *words]:
+        assert word in str(err.value), (word, str(err.value))
+
+
+@pytest.mark.parametrize("text", ["{", "[1, 2]", ""])
+def test_malformed_config_json_names_the_file(tiny_checkpoint, tmp_path, text):
+    path = _copy(tiny_checkpoint, tmp_path)
+    (path / "config.json").write_text(text)
+    with pytest.raises(ConfigError, match="config.json"):
+        read_architecture(path)
+
+
+@pytest.mark.parametrize("keep", [0, 0.5])
+def test_empty_or_truncated_safetensors_names_the_file(tiny_checkpoint, tmp_path, keep):
+    path = _copy(tiny_checkpoint, tmp_path)
+    data = (path / "model.safetensors").read_bytes()
+    (path / "model.safetensors").write_bytes(data[: int(len(data) * keep)])
+    with pytest.raises(CheckpointError, match=r"model.safetensors: not a readable safetensors file"):
+        _load(path)
+
+
+def test_missing_directory_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"model.path='.*nowhere' is not a directory"):
+        read_architecture(tmp_path / "nowhere")

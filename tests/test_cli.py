@@ -1,0 +1,126 @@
+"""The CLI in-process: a user's mistake is `error: ...` on stderr with exit 2, never a traceback."""
+
+import json
+import runpy
+import shutil
+
+import pytest
+import torch
+
+from qwen3_runtime import cli, ops
+from qwen3_runtime.request import RequestMetrics, RequestOutput
+
+
+@pytest.fixture(autouse=True)
+def _reference_kernels(monkeypatch):
+    """The kernels' PyTorch references: the Triton interpreter is slow (kernels have their own tests)."""
+    monkeypatch.setattr(ops, "TRITON_INTERPRET", False)
+
+
+def _run(capsys, *args):
+    rc = cli.main(["generate", "--set", "engine.device=cpu", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def _checkpoint(tiny_checkpoint, tmp_path, file=None, content=b""):
+    """A copy of the tiny checkpoint with `file` replaced by `content` (bytes or text)."""
+    path = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, path)
+    if file is not None:
+        data = content.encode() if isinstance(content, str) else content
+        (path / file).write_bytes(data)
+    return path
+
+
+def _config_json(tiny_checkpoint, **edits):
+    config = json.loads((tiny_checkpoint / "config.json").read_text())
+    config.update(edits)
+    return json.dumps({k: v for k, v in config.items() if v is not None})
+
+
+@pytest.mark.parametrize(
+    "case, words",
+    [
+        ("no_path", ["model.path=", "nowhere", "not a directory"]),
+        ("cuda", ["engine.device='cuda'", "no CUDA device"]),
+        ("kv_blocks", ["engine.num_kv_blocks=1", "too small"]),
+        ("max_model_len", ["engine.max_model_len=4096", "max_position_embeddings=2048"]),
+        ("yaml", ["bad.yaml", "not valid YAML", "at line 3"]),
+        ("empty_safetensors", ["model.safetensors", "not a readable safetensors file"]),
+        ("truncated_safetensors", ["model.safetensors", "not a readable safetensors file"]),
+        ("config_json_syntax", ["config.json", "not readable JSON"]),
+        ("config_json_missing_key", ["config.json", "missing config key vocab_size"]),
+        ("config_json_wrong_type", ["config.json", "hidden_size='64'", "expected int"]),
+        ("prompt_ids", ["--prompt-ids '1,,2'", "entry 1 is empty"]),
+        ("set_yaml", ["--set", "not valid YAML"]),
+    ],
+)
+def test_user_errors_are_one_line_and_exit_2(case, words, capsys, monkeypatch, tmp_path, tiny_checkpoint):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+    def ckpt(file=None, content=b""):
+        return ["--set", f"model.path={_checkpoint(tiny_checkpoint, tmp_path, file, content)}"]
+
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("model:\n  path: [unclosed\n")
+    weights = (tiny_checkpoint / "model.safetensors").read_bytes()
+    args = {
+        "no_path": lambda: ["--set", f"model.path={tmp_path / 'nowhere'}"],
+        "cuda": lambda: ["--set", "engine.device=cuda"],
+        "kv_blocks": lambda: ["--set", "engine.num_kv_blocks=1"],
+        "max_model_len": lambda: ["--set", "engine.max_model_len=4096", "--set", "engine.max_num_batched_tokens=4096"],
+        "yaml": lambda: ["--config", str(bad_yaml)],
+        "empty_safetensors": lambda: ckpt("model.safetensors", b""),
+        "truncated_safetensors": lambda: ckpt("model.safetensors", weights[: len(weights) // 2]),
+        "config_json_syntax": lambda: ckpt("config.json", "{"),
+        "config_json_missing_key": lambda: ckpt("config.json", _config_json(tiny_checkpoint, vocab_size=None)),
+        "config_json_wrong_type": lambda: ckpt("config.json", _config_json(tiny_checkpoint, hidden_size="64")),
+        "prompt_ids": lambda: ["--prompt-ids", "1,,2"],
+        "set_yaml": lambda: ["--set", "generate.prompts=[[1,"],
+    }[case]()
+    rc, out, err = _run(capsys, *args)
+    assert rc == 2 and err.startswith("error: ") and "Traceback" not in err and err.count("\n") == 1, err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def test_prints_model_line_prompt_and_output_logprobs(capsys):
+    rc, out, err = _run(
+        capsys,
+        "--prompt-ids",
+        "5, 6,7",
+        "--set",
+        "generate.sampling.prompt_logprobs=1",
+        "--set",
+        "generate.sampling.max_tokens=2",
+    )
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert (
+        lines[0].startswith("model: random weights (seed 0), config tiny: ") and "device cpu, dtype float32" in lines[0]
+    )
+    assert "vocab 1024" in lines[0] and "2 layers" in lines[0]
+    assert lines[1].startswith("[0] prompt 3 tokens -> 2 tokens")
+    assert lines[2].startswith("    prompt 1: token 6 logprob ") and " top [" in lines[2]
+    assert lines[3].startswith("    prompt 2: token 7 logprob ")
+    assert lines[4].startswith("    0: token ") and lines[6].startswith("requests 1  output tokens 2")
+
+
+def test_no_timing_line_when_every_request_failed(capsys):
+    failed = RequestOutput(
+        0, [1], [], None, None, "error", error="logits were not finite", metrics=RequestMetrics(0, 1, 2)
+    )
+    cli._print_timing([failed], wall=1.0)
+    out, err = capsys.readouterr()
+    assert out == "" and "no request succeeded" in err
+
+
+def test_version_and_python_dash_m(capsys, monkeypatch):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("qwen3-runtime ")
+    monkeypatch.setattr("sys.argv", ["qwen3_runtime", "--version"])
+    with pytest.raises(SystemExit) as exit_:
+        runpy.run_module("qwen3_runtime", run_name="__main__")
+    assert exit_.value.code == 0 and capsys.readouterr().out.startswith("qwen3-runtime ")

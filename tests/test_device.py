@@ -1,0 +1,50 @@
+import pytest
+import torch
+
+from qwen3_runtime import device as dev
+from qwen3_runtime.config import ConfigError, ModelConfig, load_config
+from qwen3_runtime.kv_cache import kv_bytes_per_block
+from qwen3_runtime.loader import load_model
+
+CPU = torch.device("cpu")
+GIB = 1024**3
+
+
+def test_host_memory_is_read():
+    free = dev.host_available_memory()
+    assert free is None or free > 0
+
+
+def test_cpu_kv_cache_is_capped_by_available_memory(monkeypatch):
+    """Qwen3-0.6B's 64 full-length sequences would take 60 GB; on the CPU the cap is the host's memory."""
+    monkeypatch.setattr(dev, "host_available_memory", lambda: 2 * GIB)
+    cfg = load_config("qwen3-0.6b")
+    arch, engine = cfg.model.architecture, cfg.engine
+    blocks = dev.num_kv_blocks(engine, arch, CPU, torch.float32)
+    assert blocks == int(2 * GIB * engine.gpu_memory_utilization) // kv_bytes_per_block(arch, 16, torch.float32)
+    monkeypatch.setattr(dev, "host_available_memory", lambda: 64 * 1024**2)
+    with pytest.raises(ConfigError, match=r"fits \d+ blocks.*engine.max_model_len=4096 sequence needs 256"):
+        dev.num_kv_blocks(engine, arch, CPU, torch.float32)
+
+
+def test_too_few_kv_blocks_names_the_key():
+    cfg = load_config("tiny", {"engine.num_kv_blocks": 1})
+    with pytest.raises(ConfigError, match=r"engine.num_kv_blocks=1 is too small.*needs 16 blocks"):
+        dev.num_kv_blocks(cfg.engine, cfg.model.architecture, CPU, torch.float32)
+
+
+def test_weights_larger_than_memory_are_an_error_before_allocating(monkeypatch):
+    monkeypatch.setattr(dev, "host_available_memory", lambda: 8 * GIB)
+    arch = load_config("qwen3-32b").model.architecture
+    with pytest.raises(ConfigError, match=r"weights need 12\d\.\d GiB in float32 \(model.dtype\) but cpu has 8.0 GiB"):
+        load_model(ModelConfig(architecture=arch), CPU, torch.float32)
+
+
+def test_missing_cuda_device_is_a_config_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ConfigError, match=r"engine.device='cuda' is unavailable"):
+        dev.resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(ConfigError, match=r"engine.device='cuda:1' is unavailable: this machine has 1 CUDA device"):
+        dev.resolve_device("cuda:1")
