@@ -10,9 +10,10 @@ from pathlib import Path
 import torch
 from safetensors import SafetensorError, safe_open
 
-from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig, _build
+from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig
 from qwen3_runtime.device import check_weights_fit
 from qwen3_runtime.model import Qwen3ForCausalLM
+from qwen3_runtime.typed_config import build
 
 # Hugging Face projection names -> (our fused parameter, index of the shard inside it).
 _FUSED = {
@@ -49,7 +50,7 @@ def read_architecture(path: str | Path) -> ArchitectureConfig:
         with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):  # else _build names the bad key
             raw["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
     try:
-        arch = _build(ArchitectureConfig, raw, "")
+        arch = build(ArchitectureConfig, raw, "")
     except ConfigError as e:
         raise ConfigError(f"{config_file}: {e}") from None
     own = _eos_ids(arch.eos_token_id)
