@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from qwen3_runtime.sampler import GREEDY_BELOW
 from qwen3_runtime.validation import (
     as_bool,
     check_choice,
@@ -25,7 +26,7 @@ class SamplingParams:
     """
 
     max_tokens: int = 16
-    # 0 is greedy (ties go to the lower token id).
+    # 0 (or below sampler.GREEDY_BELOW) is greedy; ties go to the lower token id.
     temperature: float = 1.0
     # -1 (or 0): no top-k filter.
     top_k: int = -1
@@ -62,7 +63,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        """Whether the argmax is taken (the sampler's rule: temperature below GREEDY_BELOW, as vLLM's)."""
+        return self.temperature < GREEDY_BELOW
 
 
 @dataclass(frozen=True)

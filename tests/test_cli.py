@@ -51,7 +51,7 @@ def _config_json(tiny_checkpoint, **edits):
         ("truncated_safetensors", ["model.safetensors", "not a readable safetensors file"]),
         ("config_json_syntax", ["config.json", "not readable JSON"]),
         ("config_json_missing_key", ["config.json", "missing config key vocab_size"]),
-        ("config_json_wrong_type", ["config.json", "hidden_size='64'", "expected int"]),
+        ("config_json_wrong_type", ["config.json", "hidden_size='64'", "expected an integer"]),
         ("prompt_ids", ["--prompt-ids '1,,2'", "entry 1 is empty"]),
         ("set_yaml", ["--set", "not valid YAML"]),
     ],

@@ -121,7 +121,7 @@ def test_untied_checkpoint_without_lm_head_is_an_error(make_checkpoint):
         ({"model_type": "llama"}, ["model_type='llama'", "qwen3"]),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, ["rope_type='yarn'"]),
         ({"hidden_size": None}, ["missing config key hidden_size"]),
-        ({"num_hidden_layers": "2"}, ["num_hidden_layers='2'", "expected int"]),
+        ({"num_hidden_layers": "2"}, ["num_hidden_layers='2'", "expected an integer"]),
         ({"eos_token_id": "x"}, ["eos_token_id='x'"]),
     ],
 )
