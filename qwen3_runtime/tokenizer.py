@@ -380,11 +380,15 @@ class Tokenizer:
         return self._bytes_cache
 
     def token_bytes(self, token_id: int) -> bytes:
-        """The raw bytes of one token: a piece of a multi-byte character gives just its bytes (OpenAI logprobs)."""
+        """The raw bytes of one token: a piece of a multi-byte character gives just its bytes (OpenAI logprobs).
+
+        Ids past the vocabulary (the padding rows of the model's embedding, which a random-weight model can
+        sample) have no bytes, as decode() skips them.
+        """
+        if token_id < 0:
+            raise ValueError(f"negative token id {token_id}")
         table = self._byte_table()
-        if not 0 <= token_id < len(table):
-            raise ValueError(f"token id {token_id} out of range [0, {len(table)})")
-        return table[token_id]
+        return table[token_id] if token_id < len(table) else b""
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         """Each token's own text; a token holding part of a character shows U+FFFD there (its bytes stay exact)."""
