@@ -1,4 +1,5 @@
-"""`qwen3-runtime generate`: run the config's generate job and report tokens and timing."""
+"""`qwen3-runtime generate`: run the config's generate job (or the prompts given) and report text, tokens and
+timing."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from qwen3_runtime.loader import CheckpointError
 from qwen3_runtime.logprobs import TokenLogprob
 from qwen3_runtime.request import RequestOutput
 from qwen3_runtime.runtime import Runtime
+from qwen3_runtime.tokenizer import Tokenizer
 
 # What a user's mistake raises (a config key, a checkpoint file or tensor): printed as `error: ...`, exit 2.
 # Anything else is a bug and keeps its traceback.
@@ -26,22 +28,24 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         config = load_config(args.config, dict(parse_override(s) for s in args.set))
-        prompts = [_parse_ids(p) for p in args.prompt_ids] or None
+        prompts = [_parse_ids(p) for p in args.prompt_ids]
         rt = Runtime(config)
+        texts = args.prompt + [rt.tokenizer.apply_chat_template([{"role": "user", "content": m}]) for m in args.chat]
+        prompts += [rt.tokenizer.encode(text) for text in texts]
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not args.quiet:
         print(_describe(args.config, rt))
     job = config.generate
-    if prompts is None:
+    if not prompts:
         prompts = job.prompts or _random_prompts(job.num_prompts, job.prompt_len, rt.vocab_size, job.prompt_seed)
     start = time.perf_counter()
     outputs = rt.generate(prompts, job.sampling, use_tqdm=True)
     wall = time.perf_counter() - start
     if not args.quiet:
         for out in outputs:
-            _print_output(out)
+            _print_output(out, rt.tokenizer if texts else None)
     _print_timing(outputs, wall)
     return 1 if any(out.error for out in outputs) else 0
 
@@ -50,19 +54,23 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qwen3-runtime", description=__doc__)
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
-    gen = sub.add_parser("generate", help="generate tokens for prompts of token ids")
+    gen = sub.add_parser("generate", help="generate text or tokens for prompts")
     gen.add_argument(
         "--config",
         default="tiny",
         help=f"a YAML file or a bundled config ({', '.join(bundled_configs())}); default: tiny",
+    )
+    gen.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="a text prompt; repeatable")
+    gen.add_argument(
+        "--chat", action="append", default=[], metavar="MESSAGE", help="a user message, through the chat template"
     )
     gen.add_argument(
         "--prompt-ids",
         action="append",
         default=[],
         metavar="1,2,3",
-        help="a prompt as comma-separated token ids; repeat for several prompts "
-        "(default: the config's generate.prompts, or random ones)",
+        help="a prompt as comma-separated token ids; repeatable (with no prompt at all: the config's "
+        "generate.prompts, or random ones)",
     )
     gen.add_argument(
         "--set",
@@ -117,7 +125,7 @@ def _count(n: int) -> str:
     return str(n)
 
 
-def _print_output(out: RequestOutput) -> None:
+def _print_output(out: RequestOutput, tokenizer: Tokenizer | None) -> None:
     if out.error:
         print(f"[{out.request_id}] error: {out.error}")
         return
@@ -125,6 +133,8 @@ def _print_output(out: RequestOutput) -> None:
         f"[{out.request_id}] prompt {len(out.prompt_token_ids)} tokens -> {len(out.token_ids)} tokens "
         f"({out.finish_reason}): {' '.join(map(str, out.token_ids))}"
     )
+    if tokenizer is not None:
+        print(f"    text: {tokenizer.decode(out.token_ids, skip_special_tokens=True)!r}")
     _print_logprobs(out.prompt_logprobs, "prompt ")
     _print_logprobs(out.logprobs, "")
 

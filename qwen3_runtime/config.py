@@ -59,6 +59,9 @@ class ModelConfig:
     seed: int = field(default=0, metadata=_range(0))
     # auto: bfloat16 on a GPU, float32 on the CPU.
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
+    # Text in and out: builtin (Qwen3's tokenizer, shipped offline) or a directory with tokenizer.json;
+    # None: the checkpoint's own (model.path), or builtin for random weights.
+    tokenizer: str | None = None
 
     def __post_init__(self) -> None:
         if self.path is None and self.architecture is None:

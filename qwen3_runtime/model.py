@@ -171,20 +171,6 @@ class Qwen3Model(nn.Module):
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta)
 
-    def forward(
-        self,
-        input_ids: torch.Tensor,
-        positions: torch.Tensor,
-        kv_cache: torch.Tensor,
-        meta: AttentionMetadata,
-        fed_from: tuple[torch.Tensor, torch.Tensor] | None = None,
-    ) -> torch.Tensor:
-        x = embed(self.embed_tokens.weight, input_ids, *(fed_from or (None, None)))
-        residual = None
-        for layer, layer_cache in zip(self.layers, kv_cache):
-            x, residual = layer(x, residual, positions, self.rotary, layer_cache, meta)
-        return self.norm(x, residual)
-
 
 class Qwen3ForCausalLM(nn.Module):
     """Module names follow Hugging Face's, except the fused qkv_proj and gate_up_proj."""
@@ -217,7 +203,11 @@ class Qwen3ForCausalLM(nn.Module):
         """Final-normed hidden states [T, hidden]; `kv_cache` is [layers, 2, blocks, block_size, kv_heads,
         head_dim]. fed_from = (prev_row, sampled): a row with prev_row >= 0 takes as its input the token
         sampled[prev_row] by the step still in flight (async scheduling; ops/embedding.py)."""
-        return self.model(input_ids, positions, kv_cache, meta, fed_from)
+        x = embed(self.model.embed_tokens.weight, input_ids, *(fed_from or (None, None)))
+        residual = None
+        for layer, layer_cache in zip(self.model.layers, kv_cache):
+            x, residual = layer(x, residual, positions, self.model.rotary, layer_cache, meta)
+        return self.model.norm(x, residual)
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """fp32 logits. On the GPU the bf16 operands accumulate in fp32 and the product is written in

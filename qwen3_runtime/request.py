@@ -37,8 +37,9 @@ class Request:
     prompt_logprobs: abc.Sequence[TokenLogprob | None] | None = None
     block_table: list[int] = field(default_factory=list)
     status: Status = Status.WAITING
-    finish_reason: str | None = None  # stop | length | error
+    finish_reason: str | None = None  # stop | length | error | abort
     error: str | None = None
+    stream: bool = False  # report each step's tokens (Runtime.take_updates)
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finished_time: float | None = None
@@ -65,6 +66,20 @@ class Request:
     @property
     def needs_prompt_logprobs(self) -> bool:
         return self.params.prompt_logprobs is not None and self.prompt_logprobs is None
+
+
+@dataclass
+class RequestUpdate:
+    """What a streamed request produced in one step: its new tokens (and their logprobs, when asked), the
+    prompt's logprobs with its first token, and how it finished when it did."""
+
+    request_id: int
+    token_ids: list[int]
+    logprobs: list[TokenLogprob | None] | None
+    prompt_logprobs: list[TokenLogprob | None] | None
+    finish_reason: str | None
+    error: str | None
+    num_prompt_tokens: int
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import random
 import time
 from collections.abc import Sequence as Seq
@@ -16,10 +17,11 @@ from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache
 from qwen3_runtime.loader import load_model
 from qwen3_runtime.packing import plain_logprobs
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
-from qwen3_runtime.request import Request, RequestMetrics, RequestOutput, Status
+from qwen3_runtime.request import PENDING, Request, RequestMetrics, RequestOutput, RequestUpdate, Status
 from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
 from qwen3_runtime.stats import RunnerStats
+from qwen3_runtime.tokenizer import Tokenizer
 from qwen3_runtime.validation import plain_token_ids
 
 
@@ -45,6 +47,9 @@ class Runtime:
         self._next_id = 0
         self.num_generated = 0  # tokens appended to outputs so far
         self._in_flight: StepInFlight | None = None
+        self._live: dict[int, Request] = {}  # by request_id, until finished
+        self._updates: list[RequestUpdate] = []  # of streamed requests, until taken
+        self._aborted: list[RequestOutput] = []  # returned by the next step()
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Runtime:
@@ -59,16 +64,46 @@ class Runtime:
         """Steps, device-to-host copies and bytes, host synchronisations so far."""
         return self.runner.stats
 
-    def add_request(self, prompt: list[int], params: SamplingParams) -> int:
-        """Queue a request and return its id; a bad request raises ValueError naming the parameter."""
+    @functools.cached_property
+    def tokenizer(self) -> Tokenizer:
+        """model.tokenizer: builtin (Qwen3's, for random weights) or a directory with tokenizer.json; unset,
+        the checkpoint's own (model.path), else the built-in one. Loaded when first used."""
+        source = self.config.model.tokenizer or self.config.model.path
+        try:
+            return Tokenizer.builtin_qwen3() if source in (None, "builtin") else Tokenizer.from_checkpoint(source)
+        except ValueError as e:
+            raise ConfigError(f"model.tokenizer={source!r}: {e}") from None
+
+    def add_request(self, prompt: list[int], params: SamplingParams, stream: bool = False) -> int:
+        """Queue a request and return its id; a bad request raises ValueError naming the parameter.
+        `stream`: report its tokens step by step through take_updates()."""
         prompt, params = self._validate(prompt, params)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
-        req = Request(self._new_id(), prompt, params, seed=seed, arrival_time=time.perf_counter())
+        req = Request(self._new_id(), prompt, params, seed=seed, stream=stream, arrival_time=time.perf_counter())
         self.scheduler.add(req)
+        self._live[req.request_id] = req
         return req.request_id
 
+    def abort(self, request_id: int) -> None:
+        """End a request now (finish_reason "abort") and free its KV blocks; its output comes with the next
+        step(). Unknown and finished ids are ignored (a client may abort after the end)."""
+        req = self._live.get(request_id)
+        if req is None:
+            return
+        while req.output and req.output[-1] == PENDING:  # rows of steps in flight, discarded when read
+            req.output.pop()
+        slot = len(req.output) - 1
+        self._aborted.append(self._finish(req, slot, "abort", time.perf_counter()))
+        if req.stream:
+            self._updates.append(RequestUpdate(request_id, [], None, None, "abort", None, len(req.prompt)))
+
+    def take_updates(self) -> list[RequestUpdate]:
+        """What streamed requests produced since the last call, in order."""
+        updates, self._updates = self._updates, []
+        return updates
+
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work() or self._in_flight is not None
+        return self.scheduler.has_work() or self._in_flight is not None or bool(self._aborted)
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run, process: one prefill or decode batch; returns the requests that finished.
@@ -76,11 +111,13 @@ class Runtime:
         With async scheduling a decode step stays in flight: the next call launches the step after it
         (whose input tokens the device reads from the step in flight) before processing it."""
         previous, self._in_flight = self._in_flight, None
+        finished, self._aborted = self._aborted, []
         reqs, is_prefill = self._schedule(previous)
         launched = None
         if reqs:
             launched = self.runner.prefill(reqs) if is_prefill else self.runner.launch_decode(reqs, previous)
-        finished = self._process(previous) if previous is not None else []
+        if previous is not None:
+            finished += self._process(previous)
         if launched is not None and not is_prefill and self.runner.overlappable(reqs):
             self._in_flight = launched
         elif launched is not None:
@@ -114,6 +151,8 @@ class Runtime:
             reason = self._finish_reason(req, slot, result)
             if reason:
                 finished.append(self._finish(req, slot, reason, now))
+            if req.stream:
+                self._updates.append(_update(req, slot, reason))
         return finished
 
     def _append(self, req: Request, slot: int, result: RowResult, now: float) -> None:
@@ -131,6 +170,7 @@ class Runtime:
         del req.output[slot + (not req.error) :]
         req.finish_reason, req.finished_time = reason, now
         self.scheduler.finish(req)
+        del self._live[req.request_id]
         return _to_output(req)
 
     def _finish_reason(self, req: Request, slot: int, result: RowResult) -> str | None:
@@ -186,6 +226,15 @@ class Runtime:
         """The prompt as ints and a checked copy of the params; ValueError names what is wrong."""
         limits = RequestLimits(self.vocab_size, self.config.engine.max_model_len, self.config.logprobs.max_logprobs)
         return check_request(prompt, params, limits)
+
+
+def _update(req: Request, slot: int, reason: str | None) -> RequestUpdate:
+    """A streamed request's step: the token in `slot` (none when it failed), with the prompt's logprobs
+    on its first token."""
+    new = [] if req.error else [req.output[slot]]
+    logprobs = None if req.params.logprobs is None else list(req.logprobs[len(req.logprobs) - len(new) :])
+    prompt_logprobs = plain_logprobs(req.prompt_logprobs) if slot == 0 else None
+    return RequestUpdate(req.request_id, new, logprobs, prompt_logprobs, reason, req.error, len(req.prompt))
 
 
 def _to_output(req: Request) -> RequestOutput:

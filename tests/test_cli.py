@@ -100,7 +100,7 @@ def test_prints_model_line_prompt_and_output_logprobs(capsys):
     assert (
         lines[0].startswith("model: random weights (seed 0), config tiny: ") and "device cpu, dtype float32" in lines[0]
     )
-    assert "vocab 1024" in lines[0] and "2 layers" in lines[0]
+    assert "vocab 151936" in lines[0] and "2 layers" in lines[0]
     assert lines[1].startswith("[0] prompt 3 tokens -> 2 tokens")
     assert lines[2].startswith("    prompt 1: token 6 logprob ") and " top [" in lines[2]
     assert lines[3].startswith("    prompt 2: token 7 logprob ")
@@ -124,3 +124,14 @@ def test_version_and_python_dash_m(capsys, monkeypatch):
     with pytest.raises(SystemExit) as exit_:
         runpy.run_module("qwen3_runtime", run_name="__main__")
     assert exit_.value.code == 0 and capsys.readouterr().out.startswith("qwen3-runtime ")
+
+
+def test_text_and_chat_prompts_print_text(capsys):
+    """The embedded default serves text: a prompt and a chat message go through Qwen3's tokenizer."""
+    rc, out, _ = _run(capsys, "--prompt", "What is 2+2?", "--chat", "Hello", "--set", "generate.sampling.logprobs=null")
+    assert rc == 0
+    lines = out.splitlines()
+    assert lines[1].startswith("[0] prompt 7 tokens -> 8 tokens")  # "What is 2+2?" is 7 Qwen3 tokens
+    assert lines[2].startswith("    text: '") and lines[4].startswith("    text: '")
+    # The chat message in ChatML: <|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n
+    assert lines[3].startswith("[1] prompt 9 tokens")

@@ -113,4 +113,4 @@ def test_bundled_configs_found_in_an_installed_layout(tmp_path, monkeypatch):
     spec.loader.exec_module(installed)
     assert installed._bundled_dir() == package / "configs"
     assert "tiny" in installed.bundled_configs()
-    assert installed.load_config("tiny").model.architecture.vocab_size == 1024
+    assert installed.load_config("tiny").model.architecture.vocab_size == 151936

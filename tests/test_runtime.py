@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from qwen3_runtime import SamplingParams
+from qwen3_runtime.request import PENDING
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
 
@@ -151,3 +152,57 @@ def test_async_scheduling_gives_the_same_results(make_runtime, tiny_checkpoint, 
     # Launched ahead of the read, except around host-path rows: those read the step's logits after it.
     assert any(overlap for overlap, _ in overlaps) and not rt.has_unfinished()
     assert any(overlap and logprobs for overlap, logprobs in overlaps) == (path == "device")
+
+
+def _drain(rt, limit=500):
+    """Step until nothing is left; returns the finished outputs by id and every update taken."""
+    finished, updates = {}, []
+    for _ in range(limit):
+        if not rt.has_unfinished():
+            break
+        finished.update((out.request_id, out) for out in rt.step())
+        updates += rt.take_updates()
+    return finished, updates
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_streamed_updates_add_up_to_the_outputs(make_runtime, tiny_checkpoint, async_scheduling):
+    """Requests join while others run; each step's updates carry exactly the tokens and logprobs the
+    final output has, the prompt logprobs with the first, and the finish reason with the last."""
+    rt = make_runtime(tiny_checkpoint, engine__async_scheduling=async_scheduling)
+    params = SamplingParams(max_tokens=9, temperature=0.8, seed=3, logprobs=2, prompt_logprobs=1, ignore_eos=True)
+    first = rt.add_request([1, 2, 3], params, stream=True)
+    for _ in range(3):
+        rt.step()
+    later = rt.add_request([4, 5], params, stream=True)
+    quiet = rt.add_request([6, 7], params)  # not streamed: no updates
+    finished, updates = _drain(rt)
+    for request_id in (first, later):
+        mine = [u for u in updates if u.request_id == request_id]
+        out = finished[request_id]
+        assert [t for u in mine for t in u.token_ids] == out.token_ids
+        assert [lp for u in mine for lp in u.logprobs] == out.logprobs
+        assert mine[0].prompt_logprobs == out.prompt_logprobs and all(u.prompt_logprobs is None for u in mine[1:])
+        assert [u.finish_reason for u in mine] == [None] * (len(mine) - 1) + ["length"]
+    assert quiet in finished and all(u.request_id != quiet for u in updates)
+
+
+@pytest.mark.parametrize("async_scheduling", [True, False])
+def test_abort_frees_the_blocks_at_once_and_ends_the_request(make_runtime, tiny_checkpoint, async_scheduling):
+    rt = make_runtime(tiny_checkpoint, engine__async_scheduling=async_scheduling)
+    total = len(rt.scheduler.blocks.free)
+    params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
+    doomed = rt.add_request(list(range(1, 40)), params, stream=True)
+    kept = rt.add_request([9, 8, 7], params)
+    for _ in range(5):
+        rt.step()
+    rt.abort(doomed)
+    assert len(rt.scheduler.blocks.free) == total - len(rt.scheduler.running[0].block_table)
+    rt.abort(doomed)  # again, and an unknown id: ignored
+    rt.abort(12345)
+    finished, updates = _drain(rt)
+    assert finished[doomed].finish_reason == "abort" and PENDING not in finished[doomed].token_ids
+    assert [u.finish_reason for u in updates if u.request_id == doomed][-1] == "abort"
+    alone = make_runtime(tiny_checkpoint).generate([[9, 8, 7]], params)[0]
+    assert finished[kept].token_ids == alone.token_ids
+    assert len(rt.scheduler.blocks.free) == total
