@@ -21,7 +21,7 @@ def default_buckets(max_batch: int) -> list[int]:
 
 
 class StepGraphs:
-    """`step(batch, variant)` must only read inputs from, and write results to, static buffers; what it
+    """`step(padded_rows, variant)` must only read inputs from, and write results to, static buffers; what it
     returns (tensors from the graph's pool) is kept at capture and returned again by every replay."""
 
     def __init__(self, step: Step, buckets: Sequence[int], variants: Sequence[Hashable] = (None,)) -> None:
@@ -32,31 +32,31 @@ class StepGraphs:
         self.variants = list(variants)
         self.graphs: dict[tuple[int, Hashable], tuple[torch.cuda.CUDAGraph, Any]] = {}
 
-    def padded_size(self, rows: int) -> int:
-        """The bucket a batch of `rows` is padded to (itself when over the largest bucket)."""
-        i = bisect.bisect_left(self.buckets, rows)
-        return self.buckets[i] if i < len(self.buckets) else rows
+    def padded_size(self, num_rows: int) -> int:
+        """The bucket a batch of `num_rows` is padded to (itself when over the largest bucket)."""
+        i = bisect.bisect_left(self.buckets, num_rows)
+        return self.buckets[i] if i < len(self.buckets) else num_rows
 
     def capture(self, warmup: int = 2) -> None:
         """Largest bucket first, so smaller graphs reuse its memory in the one shared pool."""
         pool = torch.cuda.graph_pool_handle()
         for variant in self.variants:
-            for batch in reversed(self.buckets):
+            for padded_rows in reversed(self.buckets):
                 for _ in range(warmup):  # compiles Triton kernels, settles the allocator
-                    self.step(batch, variant)
+                    self.step(padded_rows, variant)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    outputs = self.step(batch, variant)
-                self.graphs[(batch, variant)] = (graph, outputs)
+                    outputs = self.step(padded_rows, variant)
+                self.graphs[(padded_rows, variant)] = (graph, outputs)
         torch.cuda.synchronize()
 
-    def run(self, rows: int, variant: Hashable = None) -> tuple[int, Any]:
-        """Run the step for `rows` real rows; returns the padded batch size and the step's outputs."""
-        batch = self.padded_size(rows)
-        captured = self.graphs.get((batch, variant))
+    def run(self, num_rows: int, variant: Hashable = None) -> tuple[int, Any]:
+        """Run the step for `num_rows` real rows; returns the padded row count and the step's outputs."""
+        padded_rows = self.padded_size(num_rows)
+        captured = self.graphs.get((padded_rows, variant))
         if captured is None:
-            return batch, self.step(batch, variant)
+            return padded_rows, self.step(padded_rows, variant)
         graph, outputs = captured
         graph.replay()
-        return batch, outputs
+        return padded_rows, outputs

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from qwen3_runtime.packing import StepLogprobs
+from qwen3_runtime.packing import StepLogprobs, plain_logprobs
 from qwen3_runtime.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -66,6 +66,29 @@ class Request:
     @property
     def needs_prompt_logprobs(self) -> bool:
         return self.params.prompt_logprobs is not None and self.prompt_logprobs is None
+
+    def update(self, slot: int, finish_reason: str | None) -> RequestUpdate:
+        """This step of a streamed request: the token in `slot` (none when it failed), with the prompt's
+        logprobs on its first token."""
+        new = [] if self.error else [self.output[slot]]
+        logprobs = None if self.params.logprobs is None else list(self.logprobs[len(self.logprobs) - len(new) :])
+        prompt_logprobs = plain_logprobs(self.prompt_logprobs) if slot == 0 else None
+        return RequestUpdate(
+            self.request_id, new, logprobs, prompt_logprobs, finish_reason, self.error, len(self.prompt)
+        )
+
+    def to_output(self) -> RequestOutput:
+        """Plain data (dataclasses.asdict and json.dumps work): lazy logprobs are built here, in bulk."""
+        return RequestOutput(
+            self.request_id,
+            self.prompt,
+            self.output,
+            plain_logprobs(self.logprobs) if self.params.logprobs is not None else None,
+            plain_logprobs(self.prompt_logprobs),
+            self.finish_reason,
+            self.error,
+            RequestMetrics(self.arrival_time, self.first_token_time, self.finished_time),
+        )
 
 
 @dataclass

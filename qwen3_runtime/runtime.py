@@ -15,9 +15,8 @@ from qwen3_runtime.config import Config, ConfigError, load_config
 from qwen3_runtime.device import num_kv_blocks, resolve_device, resolve_dtype
 from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache
 from qwen3_runtime.loader import load_model
-from qwen3_runtime.packing import plain_logprobs
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
-from qwen3_runtime.request import PENDING, Request, RequestMetrics, RequestOutput, RequestUpdate, Status
+from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate, Status
 from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
 from qwen3_runtime.stats import RunnerStats
@@ -152,7 +151,7 @@ class Runtime:
             if reason:
                 finished.append(self._finish(req, slot, reason, now))
             if req.stream:
-                self._updates.append(_update(req, slot, reason))
+                self._updates.append(req.update(slot, reason))
         return finished
 
     def _append(self, req: Request, slot: int, result: RowResult, now: float) -> None:
@@ -171,7 +170,7 @@ class Runtime:
         req.finish_reason, req.finished_time = reason, now
         self.scheduler.finish(req)
         del self._live[req.request_id]
-        return _to_output(req)
+        return req.to_output()
 
     def _finish_reason(self, req: Request, slot: int, result: RowResult) -> str | None:
         p = req.params
@@ -226,27 +225,3 @@ class Runtime:
         """The prompt as ints and a checked copy of the params; ValueError names what is wrong."""
         limits = RequestLimits(self.vocab_size, self.config.engine.max_model_len, self.config.logprobs.max_logprobs)
         return check_request(prompt, params, limits)
-
-
-def _update(req: Request, slot: int, reason: str | None) -> RequestUpdate:
-    """A streamed request's step: the token in `slot` (none when it failed), with the prompt's logprobs
-    on its first token."""
-    new = [] if req.error else [req.output[slot]]
-    logprobs = None if req.params.logprobs is None else list(req.logprobs[len(req.logprobs) - len(new) :])
-    prompt_logprobs = plain_logprobs(req.prompt_logprobs) if slot == 0 else None
-    return RequestUpdate(req.request_id, new, logprobs, prompt_logprobs, reason, req.error, len(req.prompt))
-
-
-def _to_output(req: Request) -> RequestOutput:
-    """Plain data (dataclasses.asdict and json.dumps work): lazy logprobs are built here, in bulk."""
-    wants_logprobs = req.params.logprobs is not None
-    return RequestOutput(
-        req.request_id,
-        req.prompt,
-        req.output,
-        plain_logprobs(req.logprobs) if wants_logprobs else None,
-        plain_logprobs(req.prompt_logprobs),
-        req.finish_reason,
-        req.error,
-        RequestMetrics(req.arrival_time, req.first_token_time, req.finished_time),
-    )

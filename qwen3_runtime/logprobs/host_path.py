@@ -1,5 +1,5 @@
-"""The old design, kept as a live reference and a benchmark baseline: a requesting row's full logits
-copied to the host and scanned in float64."""
+"""The host path, kept as a live reference and a benchmark baseline: each requesting row's full logits
+copied to the host and scanned in float64, as engines usually compute logprobs."""
 
 from __future__ import annotations
 
