@@ -9,6 +9,8 @@ normalised value is rounded before the weight multiplies it, and again before th
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -111,16 +113,20 @@ def attention_inputs(
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,
+    *,
+    reference: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [T, H, D] and k [T, KVH, D], normed per head and rotated, and v [T, KVH, D] (a view of qkv),
     from qkv [T, (H + 2 KVH) D]; k and v also go into the caches at slot_mapping [T] (-1: skipped).
     `positions` and `slot_mapping` must be staged before the kernel that writes qkv (the kernel reads
     them before its PDL wait), as every forward stages them.
-    `cos_sin` is [max_len, D]: cos over the first half of each row, sin over the second."""
-    if not use_triton(qkv):
-        return attention_inputs_reference(
-            qkv, num_heads, num_kv_heads, q_weight, k_weight, eps, cos_sin, positions, k_cache, v_cache, slot_mapping
-        )
+    `cos_sin` is [max_len, D]: cos over the first half of each row, sin over the second.
+    `reference`: the PyTorch path even where Triton runs (`attention_inputs_reference`)."""
+    if reference or not use_triton(qkv):
+        q, k = _norm_rope_reference(qkv, num_heads, num_kv_heads, (q_weight, k_weight), eps, cos_sin[positions])
+        v = _v_view(qkv, num_heads, num_kv_heads, q_weight.shape[0])
+        _store_kv_reference(k, v, k_cache, v_cache, slot_mapping)
+        return q, k, v
     tokens, head_dim = qkv.shape[0], q_weight.shape[0]
     assert qkv.stride(1) == 1 and k_cache.stride() == v_cache.stride() and k_cache.stride(3) == 1
     assert k_cache.dtype == v_cache.dtype == qkv.dtype
@@ -158,34 +164,39 @@ def _v_view(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int)
     return qkv[:, (num_heads + num_kv_heads) * head_dim :].view(qkv.shape[0], num_kv_heads, head_dim)
 
 
-def attention_inputs_reference(
+# The same function in PyTorch (several launches); for CPUs without Triton, and tests.
+attention_inputs_reference = functools.partial(attention_inputs, reference=True)
+
+
+def _norm_rope_reference(
     qkv: torch.Tensor,
     num_heads: int,
     num_kv_heads: int,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
+    weights: tuple[torch.Tensor, torch.Tensor],
     eps: float,
-    cos_sin: torch.Tensor,
-    positions: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    slot_mapping: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    tokens, head_dim = qkv.shape[0], q_weight.shape[0]
+    cos_sin_rows: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [T, H, D] and k [T, KVH, D] of qkv, each head RMS-normed (weights: q's and k's) and rotated by
+    cos_sin_rows [T, D] (each token's row of the cos/sin table)."""
+    tokens, head_dim = qkv.shape[0], weights[0].shape[0]
     q, k, _ = qkv.split([num_heads * head_dim, num_kv_heads * head_dim, num_kv_heads * head_dim], dim=-1)
-    cos, sin = cos_sin[positions].to(qkv.dtype)[:, None, :].chunk(2, dim=-1)
+    cos, sin = cos_sin_rows.to(qkv.dtype)[:, None, :].chunk(2, dim=-1)
 
     def norm_rope(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         x = add_rms_norm_reference(x, weight, eps)
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
 
-    q = norm_rope(q.reshape(tokens, num_heads, head_dim), q_weight)
-    k = norm_rope(k.reshape(tokens, num_kv_heads, head_dim), k_weight)
-    v = _v_view(qkv, num_heads, num_kv_heads, head_dim)
+    q = norm_rope(q.reshape(tokens, num_heads, head_dim), weights[0])
+    return q, norm_rope(k.reshape(tokens, num_kv_heads, head_dim), weights[1])
+
+
+def _store_kv_reference(
+    k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, slot_mapping: torch.Tensor
+) -> None:
+    """k and v [T, KVH, D] into the paged caches at slot_mapping [T] (-1: skipped)."""
     valid = slot_mapping >= 0
     slots = slot_mapping[valid].long()
     blocks, offsets = slots // k_cache.shape[1], slots % k_cache.shape[1]
     k_cache[blocks, offsets] = k[valid]
     v_cache[blocks, offsets] = v[valid]
-    return q, k, v

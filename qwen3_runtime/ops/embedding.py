@@ -6,6 +6,8 @@ where the selection and the embedding in PyTorch take several launches at the he
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -48,11 +50,16 @@ def embed(
     input_ids: torch.Tensor,
     prev_row: torch.Tensor | None = None,
     sampled: torch.Tensor | None = None,
+    *,
+    reference: bool = False,
 ) -> torch.Tensor:
     """Embedding rows [T, hidden] of input_ids [T], except that a row with prev_row >= 0 takes the token
-    sampled[prev_row] (`sampled`: one id per row of the step in flight, any stride)."""
-    if not use_triton(weight):
-        return embed_reference(weight, input_ids, prev_row, sampled)
+    sampled[prev_row] (`sampled`: one id per row of the step in flight, any stride).
+    `reference`: the PyTorch path even where Triton runs (`embed_reference`)."""
+    if reference or not use_triton(weight):
+        if prev_row is not None:
+            input_ids = torch.where(prev_row >= 0, sampled[prev_row.clamp(min=0)].long(), input_ids)
+        return F.embedding(input_ids, weight)
     assert (prev_row is None) == (sampled is None) and weight.stride(1) == 1
     tokens, hidden = input_ids.shape[0], weight.shape[1]
     out = torch.empty(tokens, hidden, dtype=weight.dtype, device=weight.device)
@@ -75,12 +82,5 @@ def embed(
     return out
 
 
-def embed_reference(
-    weight: torch.Tensor,
-    input_ids: torch.Tensor,
-    prev_row: torch.Tensor | None = None,
-    sampled: torch.Tensor | None = None,
-) -> torch.Tensor:
-    if prev_row is not None:
-        input_ids = torch.where(prev_row >= 0, sampled[prev_row.clamp(min=0)].long(), input_ids)
-    return F.embedding(input_ids, weight)
+# The same function in PyTorch (several launches); for CPUs without Triton, and tests.
+embed_reference = functools.partial(embed, reference=True)
