@@ -9,7 +9,9 @@ never waits for the host, so it can be captured in a CUDA graph.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -35,13 +37,14 @@ class ReduceConfig:
     block: int = 128
     group: int = 32
     candidates: int = 64
+    POWERS_OF_TWO: ClassVar[tuple[str, ...]] = ("chunk", "block", "group", "candidates")
     num_warps: int = 4
     finish_warps: int = 8
     pdl: bool = True
     pdl_first: bool = True
 
     def __post_init__(self) -> None:
-        for name in ("chunk", "block", "group", "candidates"):
+        for name in self.POWERS_OF_TWO:
             value = getattr(self, name)
             if value < 1 or value & (value - 1):
                 raise ValueError(f"{name}={value} must be a power of two")
@@ -187,6 +190,8 @@ def reduce_logprobs(
     k_max: int,
     row_mask: torch.Tensor | None = None,
     out: LogprobBuffers | None = None,
+    *,
+    reference: bool = False,
 ) -> LogprobBuffers:
     """Per row i (where row_mask[i] is true or nonzero: an integer mask can be a staged input as it is,
     with no kernel to convert it): logsumexp, logprob and 1-based rank of token_ids[i], and
@@ -196,6 +201,7 @@ def reduce_logprobs(
     independent of N and of the other rows). Masked-off rows are left untouched.
     See `LogprobBuffers` for what status != 0 rows hold. Pass `out` (from
     `LogprobBuffers.allocate`) to reuse buffers and capture the call in a CUDA graph.
+    `reference`: the float64 torch path even where Triton runs (`reduce_logprobs_reference`).
     """
     _check_inputs(logits, token_ids, num_top, k_max, row_mask)
     n_rows, vocab = logits.shape
@@ -205,27 +211,23 @@ def reduce_logprobs(
         _check_out(out, n_rows, k_max, vocab, logits.device)
     if n_rows == 0:
         return out
-    if use_triton(logits):
+    if use_triton(logits) and not reference:
         from qwen3_runtime.logprobs.kernels import launch_reduce
 
         launch_reduce(logits, token_ids, num_top, row_mask, out)
     else:
-        reduce_logprobs_reference(logits, token_ids, num_top, k_max, row_mask, out)
+        _reduce_reference(logits, token_ids, num_top, row_mask, out)
     return out
 
 
-def reduce_logprobs_reference(
-    logits: torch.Tensor,
-    token_ids: torch.Tensor,
-    num_top: torch.Tensor,
-    k_max: int,
-    row_mask: torch.Tensor | None = None,
-    out: LogprobBuffers | None = None,
-) -> LogprobBuffers:
-    """The same function in float64 torch (any device); for CPUs without Triton, and tests."""
+# The same function in float64 torch (any device); for CPUs without Triton, and tests.
+reduce_logprobs_reference = functools.partial(reduce_logprobs, reference=True)
+
+
+def _reduce_reference(logits, token_ids, num_top, row_mask, out: LogprobBuffers) -> None:
+    """The reference path of `reduce_logprobs` into `out`, as `launch_reduce` runs the Triton one."""
     n_rows, vocab = logits.shape
-    if out is None:
-        out = LogprobBuffers.allocate(n_rows, k_max, vocab, logits.device)
+    k_max = out.k_max
     rows = torch.arange(n_rows, device=logits.device) if row_mask is None else row_mask.nonzero()[:, 0]
     x = logits[rows].double()
     x = torch.where(x == 0, 0.0, x)  # -0.0 ties +0.0
@@ -253,4 +255,3 @@ def reduce_logprobs_reference(
         out.top_ids[rows] = torch.where(wanted & ~invalid[:, None], order, -1).int()
         top_lp = torch.where(invalid[:, None], nan, values - lse[:, None])
         out.top_logprobs[rows] = torch.where(wanted, top_lp, float("-inf")).float()
-    return out
