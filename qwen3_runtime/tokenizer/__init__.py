@@ -1,0 +1,8 @@
+"""Qwen3 tokenization: a checkpoint's tokenizer, or the built-in Qwen3 one (builtin.py), and streaming
+detokenization."""
+
+from qwen3_runtime.tokenizer.builtin import QWEN3_ADDED_TOKENS
+from qwen3_runtime.tokenizer.core import Tokenizer
+from qwen3_runtime.tokenizer.detokenizer import IncrementalDetokenizer
+
+__all__ = ["QWEN3_ADDED_TOKENS", "IncrementalDetokenizer", "Tokenizer"]

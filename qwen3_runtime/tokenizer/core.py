@@ -1,0 +1,123 @@
+"""Text <-> token ids for one model: encoding, decoding, each token's bytes, and the chat template."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import tokenizers
+
+from qwen3_runtime.tokenizer.builtin import ENDOFTEXT_ID, IM_END_ID, _unicode_to_bytes, load_builtin_qwen3_hf_tokenizer
+from qwen3_runtime.tokenizer.chat_template import QWEN3_CHATML_TEMPLATE, compile_template, render
+from qwen3_runtime.tokenizer.checkpoint import read_checkpoint_tokenizer
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, with its chat template and end-of-sequence ids."""
+
+    def __init__(
+        self,
+        hf_tokenizer: tokenizers.Tokenizer,
+        *,
+        chat_template: str | None,
+        eos_token_ids: Sequence[int],
+        special_tokens_map: dict[str, str] | None = None,
+    ) -> None:
+        self._tok = hf_tokenizer
+        self.chat_template = chat_template
+        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos_token_ids))
+        # bos_token, eos_token, ... as template variables (templates written for transformers may use them).
+        self.special_tokens_map: dict[str, str] = dict(special_tokens_map or {})
+        added = hf_tokenizer.get_added_tokens_decoder()
+        self._added_content: dict[int, str] = {i: t.content for i, t in added.items()}
+        self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
+        self._bytes_cache: list[bytes] | None = None
+        if chat_template is not None:
+            compile_template(chat_template)
+
+    # --- construction -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def builtin_qwen3(cls, cache_dir: str | Path | None = None) -> Tokenizer:
+        """Qwen3's tokenizer without a checkpoint (random-weight configs), with a ChatML template."""
+        return cls(
+            load_builtin_qwen3_hf_tokenizer(cache_dir),
+            chat_template=QWEN3_CHATML_TEMPLATE,
+            eos_token_ids=(IM_END_ID, ENDOFTEXT_ID),  # Qwen3's generation_config.json order
+            special_tokens_map={"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
+        )
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path) -> Tokenizer:
+        """A checkpoint's tokenizer.json, chat template and EOS ids (checkpoint.py); ValueError names a bad file."""
+        files = read_checkpoint_tokenizer(path)
+        return cls(
+            files.hf,
+            chat_template=files.chat_template,
+            eos_token_ids=files.eos_token_ids,
+            special_tokens_map=files.special_tokens_map,
+        )
+
+    # --- encoding / decoding ------------------------------------------------------------------------------------
+
+    @property
+    def vocab_size(self) -> int:
+        """Ids the tokenizer knows, added tokens included (the model's embedding may be padded beyond it)."""
+        return self._tok.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def hf_tokenizer(self) -> tokenizers.Tokenizer:
+        return self._tok
+
+    def encode(self, text: str, add_special_tokens: bool = False) -> list[int]:
+        """Token ids of `text`; special-token strings in it (e.g. "<|im_start|>") become their ids, as in Qwen's."""
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+        """Text of `ids`; bytes that are not valid UTF-8 (a cut character) decode to U+FFFD."""
+        return self._tok.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._tok.token_to_id(token)
+
+    def _byte_table(self) -> list[bytes]:
+        # Built on first use (~0.1 s): only logprobs and streaming need raw bytes.
+        if self._bytes_cache is None:
+            to_byte = _unicode_to_bytes()
+            table = [b""] * self.vocab_size
+            for token, i in self._tok.get_vocab(with_added_tokens=False).items():
+                try:
+                    table[i] = bytes(to_byte[c] for c in token)
+                except KeyError:  # not a byte-level token: take its text
+                    table[i] = token.encode("utf-8")
+            for i, content in self._added_content.items():
+                table[i] = content.encode("utf-8")
+            self._bytes_cache = table
+        return self._bytes_cache
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The raw bytes of one token: a piece of a multi-byte character gives just its bytes (OpenAI logprobs).
+
+        Ids past the vocabulary (the padding rows of the model's embedding, which a random-weight model can
+        sample) have no bytes, as decode() skips them.
+        """
+        if token_id < 0:
+            raise ValueError(f"negative token id {token_id}")
+        table = self._byte_table()
+        return table[token_id] if token_id < len(table) else b""
+
+    def token_strings(self, ids: Iterable[int]) -> list[str]:
+        """Each token's own text; a token holding part of a character shows U+FFFD there (its bytes stay exact)."""
+        return [self.token_bytes(i).decode("utf-8", errors="replace") for i in ids]
+
+    # --- chat ---------------------------------------------------------------------------------------------------
+
+    def apply_chat_template(
+        self, messages: list[dict[str, Any]], add_generation_prompt: bool = True, **kwargs: Any
+    ) -> str:
+        """Render a conversation to the prompt text; extra kwargs (e.g. enable_thinking=False) reach the template."""
+        if self.chat_template is None:
+            raise ValueError("this tokenizer has no chat template (tokenizer_config.json has no chat_template)")
+        context = {**self.special_tokens_map, **kwargs}
+        return render(self.chat_template, messages, add_generation_prompt, **context)
