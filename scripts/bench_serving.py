@@ -1,0 +1,115 @@
+"""The logprobs matrix as HTTP clients see it: a server per logprobs path (device, host) on the same config,
+bench_serve at concurrency 1 / 8 / 32 with logprobs off / 1 / 5 (greedy, 128-token prompts, 256 output
+tokens), a mixed concurrency-8 run with one logprobs=5 client, and the offline API's TPOT on the same
+workload, measured in the same run, for the server's overhead.
+
+Usage: python -m scripts.bench_serving [--config qwen3-4b] [--quick] --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import numpy as np
+
+from scripts.bench_serve import BenchConfig, run_benchmark
+
+LOGPROBS = [None, 1, 5]
+
+
+@contextmanager
+def server(config: str, path: str, overrides: list[str]):
+    """`qwen3-runtime serve` in a child process on a free port of 127.0.0.1, until /health answers."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    sets = [arg for o in [f"logprobs.path={path}", *overrides] for arg in ("--set", o)]
+    cmd = [sys.executable, "-m", "qwen3_runtime", "serve", "--config", config, "--port", str(port), *sets]
+    proc = subprocess.Popen(cmd)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 900  # loading and graph capture
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the server exited with {proc.returncode}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as resp:
+                    if resp.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+        yield url
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
+
+
+def serve_cell(url: str, concurrency: int, logprobs: int | None, args, **extra) -> dict:
+    """One bench_serve run: `concurrency` requests at once, each of a fixed length (greedy)."""
+    cfg = BenchConfig(
+        base_url=url, num_prompts=concurrency * args.waves, input_len=args.prompt_len, output_len=args.max_tokens,
+        max_concurrency=concurrency, logprobs=logprobs, warmup=concurrency, seed=concurrency, **extra,
+    )  # fmt: skip
+    report = asyncio.run(run_benchmark(cfg))
+    return {"concurrency": concurrency, "logprobs": logprobs, **{k: report[k] for k in ("metrics", "duration_s")}}
+
+
+def offline_tpot(config: str, concurrency: int, args) -> float:
+    """Median TPOT (ms) of the same workload through the Python API, in this process."""
+    from qwen3_runtime import Runtime, SamplingParams
+
+    rt = Runtime.from_yaml(config, overrides=dict(o.split("=", 1) for o in args.set) or None)
+    prompts = np.random.default_rng(concurrency).integers(0, 151643, (concurrency, args.prompt_len)).tolist()
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
+    rt.generate(prompts, params)  # warm-up
+    tpots = [o.tpot for _ in range(args.waves) for o in rt.generate(prompts, params)]
+    del rt
+    return 1e3 * statistics.median(tpots)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--config", default="qwen3-4b")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--prompt-len", type=int, default=128)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--waves", type=int, default=3, help="requests per client")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
+    parser.add_argument("--quick", action="store_true", help="32 tokens, one wave")
+    parser.add_argument("--out", type=Path, default=Path("."))
+    args = parser.parse_args()
+    if args.quick:
+        args.max_tokens, args.waves = 32, 1
+    rows = []
+    for path in ("device", "host"):
+        with server(args.config, path, args.set) as url:
+            for c in args.concurrency:
+                for k in LOGPROBS:
+                    rows.append({"path": path, **serve_cell(url, c, k, args)})
+                    print(f"{path} c={c} logprobs={k}: TPOT {rows[-1]['metrics']['all']['median_tpot_ms']:.2f} ms")
+            if path == "device" and 8 in args.concurrency:
+                mixed = serve_cell(url, 8, 5, args, logprobs_clients=1)
+                rows.append({"path": path, "mixed": True, **mixed})
+    offline = {c: offline_tpot(args.config, c, args) for c in args.concurrency}
+    result = {"config": args.config, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "rows": rows,
+              "offline_tpot_ms": offline}  # fmt: skip
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "serving.json").write_text(json.dumps(result, indent=1))
+    for c, tpot in offline.items():
+        served = next(r for r in rows if r["path"] == "device" and r["concurrency"] == c and r["logprobs"] is None)
+        ratio = served["metrics"]["all"]["median_tpot_ms"] / tpot
+        print(f"c={c}: offline TPOT {tpot:.2f} ms, through the server x{ratio:.3f}")
+
+
+if __name__ == "__main__":
+    main()
