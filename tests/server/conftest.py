@@ -109,3 +109,19 @@ def make_runtime_module():
         yield Runtime.from_yaml("tiny")
     finally:
         ops.TRITON_INTERPRET = saved
+
+
+@pytest.fixture(scope="session")
+def launch_server():
+    """launch_server(*args) -> (process, url) of a server of its own, stopped at the end of the session."""
+    started = []
+
+    def launch(*extra: str) -> tuple[subprocess.Popen, str]:
+        proc, url = start_server(*extra)
+        started.append(proc)
+        return proc, url
+
+    yield launch
+    for proc in started:
+        proc.kill()
+        proc.wait()
