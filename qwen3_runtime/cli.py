@@ -26,6 +26,8 @@ USER_ERRORS = (ConfigError, CheckpointError)
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "serve":
+        return _serve(args)
     try:
         config = load_config(args.config, dict(parse_override(s) for s in args.set))
         prompts = [_parse_ids(p) for p in args.prompt_ids]
@@ -80,7 +82,30 @@ def _parser() -> argparse.ArgumentParser:
         help="override a config key, e.g. --set logprobs.path=host",
     )
     gen.add_argument("--quiet", action="store_true", help="print only the timing summary")
+    _serve_parser(sub)
     return parser
+
+
+def _serve_parser(sub: argparse._SubParsersAction) -> None:
+    serve = sub.add_parser("serve", help="serve the OpenAI API (completions, chat) over HTTP")
+    serve.add_argument("--config", default="tiny", help="a YAML file or a bundled config; default: tiny")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind; default: 127.0.0.1 (this machine only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
+    serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (all but /health)")
+
+
+def _serve(args: argparse.Namespace) -> int:
+    """The server runs until interrupted; a bad config or a Runtime that cannot be built exits 2."""
+    from qwen3_runtime.server.engine_client import EngineStartError
+    from qwen3_runtime.server.launch import serve  # FastAPI and uvicorn only for this command
+
+    try:
+        serve(args.config, dict(parse_override(s) for s in args.set), args.host, args.port, args.api_key)
+    except (*USER_ERRORS, EngineStartError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _version() -> str:

@@ -1,0 +1,97 @@
+"""The engine process: owns the Runtime and runs its step loop, so HTTP and JSON work never delays a step.
+
+It reads AddRequest / AbortRequest messages between steps (blocking only when it has nothing to run) and sends
+one StepBatch per step that produced tokens. It exits when the API process's end of the pipe closes."""
+
+from __future__ import annotations
+
+import logging
+import traceback
+from multiprocessing.connection import Connection
+from typing import Any
+
+from qwen3_runtime.runtime import Runtime
+from qwen3_runtime.server.messages import (
+    AbortRequest,
+    AddRequest,
+    EngineStats,
+    Failed,
+    Ready,
+    StepBatch,
+    Update,
+)
+
+log = logging.getLogger("qwen3_runtime.server.engine")
+
+
+def run_engine(config: str, overrides: dict[str, Any], inbox: Connection, outbox: Connection) -> None:
+    """The child process's entry point (spawned: it imports torch afresh and shares no state)."""
+    try:
+        rt = Runtime.from_yaml(config, overrides)
+    except Exception as e:  # a bad config or checkpoint: the API process reports it and exits
+        outbox.send(Failed(f"{e}" if isinstance(e, ValueError) else traceback.format_exc()))
+        return
+    cfg = rt.config
+    outbox.send(Ready(rt.vocab_size, cfg.engine.max_model_len, cfg.logprobs.max_logprobs))
+    EngineLoop(rt, inbox, outbox).run()
+
+
+class EngineLoop:
+    def __init__(self, rt: Runtime, inbox: Connection, outbox: Connection) -> None:
+        self.rt = rt
+        self.inbox = inbox
+        self.outbox = outbox
+        self.client_ids: dict[int, str] = {}  # the Runtime's id -> the API process's id
+        self.engine_ids: dict[str, int] = {}
+        self.rejected: list[Update] = []
+
+    def run(self) -> None:
+        while self._receive(block=not self.rt.has_unfinished()):
+            if self.rt.has_unfinished():
+                self.rt.step()
+            self._publish()
+
+    def _receive(self, block: bool) -> bool:
+        """Handle every message waiting (waiting for one when idle); False once the API process is gone."""
+        try:
+            if block:
+                self.inbox.poll(None)
+            while self.inbox.poll():
+                self._handle(self.inbox.recv())
+        except (EOFError, OSError):
+            return False
+        return True
+
+    def _handle(self, msg: AddRequest | AbortRequest) -> None:
+        if isinstance(msg, AddRequest):
+            try:
+                engine_id = self.rt.add_request(msg.prompt, msg.params, stream=True)
+            except ValueError as e:
+                self.rejected.append(Update(msg.request_id, [], None, None, "rejected", str(e), len(msg.prompt)))
+                return
+            self.client_ids[engine_id] = msg.request_id
+            self.engine_ids[msg.request_id] = engine_id
+        elif isinstance(msg, AbortRequest):
+            engine_id = self.engine_ids.get(msg.request_id)
+            if engine_id is not None:
+                self.rt.abort(engine_id)
+        else:
+            log.error("engine: unknown message %r", type(msg).__name__)
+
+    def _publish(self) -> None:
+        updates, self.rejected = self.rejected, []
+        for up in self.rt.take_updates():
+            client_id = self.client_ids[up.request_id]
+            if up.finish_reason is not None:
+                del self.client_ids[up.request_id], self.engine_ids[client_id]
+            fields = (up.token_ids, up.logprobs, up.prompt_logprobs, up.finish_reason, up.error, up.num_prompt_tokens)
+            updates.append(Update(client_id, *fields))
+        if updates:
+            self.outbox.send(StepBatch(updates, self._stats()))
+
+    def _stats(self) -> EngineStats:
+        stats, sched = self.rt.stats, self.rt.scheduler
+        steps = stats.decode_steps + stats.prefill_steps
+        return EngineStats(
+            len(sched.running), len(sched.waiting), steps, stats.d2h_copies, stats.d2h_bytes, stats.host_syncs
+        )

@@ -1,0 +1,44 @@
+"""OpenAI's error body, and the mapping of the runtime's ValueErrors (which name the field) onto it."""
+
+from __future__ import annotations
+
+import re
+
+from fastapi.responses import JSONResponse
+
+_FIELD = re.compile(r"^([A-Za-z_]\w*)")
+
+
+class APIError(Exception):
+    """An error the client gets as OpenAI's {"error": {...}} with `status`."""
+
+    def __init__(self, message: str, param: str | None = None, status: int = 400, kind: str = "BadRequestError"):
+        super().__init__(message)
+        self.message, self.param, self.status, self.kind = message, param, status, kind
+
+    @classmethod
+    def from_value_error(cls, e: ValueError, rename: dict[str, str] | None = None) -> APIError:
+        """A runtime check's ValueError ("top_p=1.5 is out of range: ...") as a 400 naming its field."""
+        message = str(e)
+        match = _FIELD.match(message)
+        param = match.group(1) if match else None
+        return cls(message, (rename or {}).get(param, param))
+
+    def body(self) -> dict:
+        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.status}}
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status)
+
+
+def engine_unavailable() -> APIError:
+    return APIError("the engine process is not running", status=503, kind="ServiceUnavailableError")
+
+
+def validation_error(errors: list[dict]) -> APIError:
+    """Pydantic's first error, with its field path (body.messages.0.role -> messages.0.role)."""
+    first = errors[0]
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    # A union's failed branch adds its type to the path (prompt.list[int].0): keep the field names only.
+    param = ".".join(p for p in loc if "[" not in p and p not in ("str", "int", "list", "dict")) or None
+    return APIError(f"{param}: {first.get('msg')}" if param else str(first.get("msg")), param)

@@ -1,0 +1,71 @@
+"""The engine requests of one HTTP request (n choices per prompt): submitted together, their updates merged
+into one queue, and all aborted if the client goes away before they finish."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from qwen3_runtime.server.choice import Choice
+from qwen3_runtime.server.engine_client import EngineClient, EngineDead
+from qwen3_runtime.server.errors import APIError, engine_unavailable
+from qwen3_runtime.server.inputs import EngineInput
+from qwen3_runtime.tokenizer import Tokenizer
+
+
+class Generation:
+    def __init__(self, client: EngineClient, tok: Tokenizer, inputs: list[EngineInput], stops: list[str]) -> None:
+        self.client = client
+        self.inputs = inputs
+        self.choices = [Choice(i, tok, stops) for i in range(len(inputs))]
+        self.ids = [client.new_id() for _ in inputs]
+        self._by_id = dict(zip(self.ids, self.choices))
+        self._queue: asyncio.Queue = asyncio.Queue(sum(x.params.max_tokens + 3 for x in inputs))
+        self._open = set(self.ids)
+
+    def start(self) -> None:
+        try:
+            for request_id, x in zip(self.ids, self.inputs):
+                self.client.add(request_id, x.prompt, x.params, self._queue)
+        except EngineDead:
+            self.abort()
+            raise engine_unavailable() from None
+
+    async def updates(self) -> AsyncIterator[Choice]:
+        """Each choice as an update reaches it, until every engine request has ended."""
+        while self._open:
+            up = await self._queue.get()
+            if isinstance(up, EngineDead):
+                self.abort()
+                raise engine_unavailable()
+            if up.finish_reason == "rejected":
+                self.abort()
+                raise APIError.from_value_error(ValueError(up.error))
+            choice = self._by_id[up.request_id]
+            if choice.apply(up):  # a stop string: the engine need not go on
+                self.client.abort(up.request_id)
+            if up.finish_reason is not None:
+                self._open.discard(up.request_id)
+            yield choice
+
+    async def run(self) -> list[Choice]:
+        """To the end (non-streaming)."""
+        async for _ in self.updates():
+            pass
+        return self.choices
+
+    def abort(self) -> None:
+        """Abort what has not finished (the client disconnected, or another choice failed)."""
+        for request_id in self._open:
+            self.client.abort(request_id)
+
+    def usage(self) -> dict:
+        """Each prompt counted once (as vLLM and OpenAI do with n > 1), every choice's tokens."""
+        prompts = {x.prompt_index: len(x.prompt) for x in self.inputs}
+        prompt_tokens = sum(prompts.values())
+        completion_tokens = sum(len(c.token_ids) for c in self.choices)
+        return {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": completion_tokens,
+            "total_tokens": prompt_tokens + completion_tokens,
+        }

@@ -1,0 +1,91 @@
+"""OpenAI request bodies -> engine requests: prompt ids and SamplingParams per choice, checked here against the
+model's limits so a bad request is a 400 before anything reaches the engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
+from qwen3_runtime.server.errors import APIError
+from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, _Request
+from qwen3_runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class EngineInput:
+    prompt_index: int  # which prompt of the HTTP request (usage counts each prompt once, however many choices)
+    prompt: list[int]
+    params: SamplingParams
+
+
+def completion_prompts(req: CompletionRequest, tok: Tokenizer) -> list[list[int]]:
+    """`prompt` as token-id lists: a text, texts, token ids, or lists of token ids."""
+    p = req.prompt
+    if isinstance(p, str):
+        prompts = [tok.encode(p)]
+    elif p and all(isinstance(x, str) for x in p):
+        prompts = [tok.encode(x) for x in p]
+    elif p and all(isinstance(x, int) for x in p):
+        prompts = [list(p)]
+    else:
+        prompts = [list(x) for x in p]
+    if not prompts or not all(prompts):
+        raise APIError("prompt is empty: a request needs at least one prompt token", "prompt")
+    return prompts
+
+
+def completion_inputs(req: CompletionRequest, tok: Tokenizer, limits: RequestLimits) -> list[EngineInput]:
+    prompt_logprobs = req.prompt_logprobs
+    if req.echo and req.logprobs is not None:  # the prompt's logprobs come first in the response
+        prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)
+    fields = dict(max_tokens=req.max_tokens or 16, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs)
+    return _expand(req, completion_prompts(req, tok), fields, limits)
+
+
+def chat_inputs(req: ChatCompletionRequest, tok: Tokenizer, limits: RequestLimits) -> list[EngineInput]:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise APIError("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
+    messages = [m.as_template_input() for m in req.messages]
+    try:
+        text = tok.apply_chat_template(messages, req.add_generation_prompt, **(req.chat_template_kwargs or {}))
+    except Exception as e:  # the template's own errors (raise_exception, a bad message shape)
+        raise APIError(f"messages: the chat template failed: {e}", "messages") from None
+    prompt = tok.encode(text)
+    max_tokens = req.max_completion_tokens or req.max_tokens or max(limits.max_model_len - len(prompt), 1)
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return _expand(req, [prompt], dict(max_tokens=max_tokens, logprobs=logprobs), limits, {"logprobs": "top_logprobs"})
+
+
+def _expand(
+    req: _Request, prompts: list[list[int]], fields: dict, limits: RequestLimits, rename: dict | None = None
+) -> list[EngineInput]:
+    """n engine requests per prompt, with seeds seed, seed + 1, ... (or each its own random one)."""
+    _check_logprobs(fields.get("logprobs"), "sample", limits, (rename or {}).get("logprobs", "logprobs"))
+    _check_logprobs(fields.get("prompt_logprobs"), "prompt", limits, "prompt_logprobs")
+    inputs = []
+    for i, prompt in enumerate(prompts):
+        for j in range(req.n):
+            seed = None if req.seed is None else (req.seed + j) % 2**63
+            try:
+                params = SamplingParams(
+                    temperature=req.temperature,
+                    top_p=req.top_p,
+                    top_k=req.top_k,
+                    seed=seed,
+                    stop_token_ids=list(req.stop_token_ids or []),
+                    ignore_eos=req.ignore_eos,
+                    **fields,
+                )
+                prompt_ids, params = check_request(prompt, params, limits)
+            except ValueError as e:
+                raise APIError.from_value_error(e, rename) from None
+            inputs.append(EngineInput(i, prompt_ids, params))
+    return inputs
+
+
+def _check_logprobs(value: int | None, kind: str, limits: RequestLimits, param: str) -> None:
+    """vLLM's wording for more logprobs than logprobs.max_logprobs allows."""
+    if value is not None and limits.max_logprobs != -1 and value > limits.max_logprobs:
+        raise APIError(
+            f"Requested {kind} logprobs of {value}, which is greater than max allowed: {limits.max_logprobs}", param
+        )

@@ -1,0 +1,98 @@
+"""Prometheus metrics for /metrics: request latencies measured in the API process as updates arrive, and the
+engine's queues and copy counters from the latest StepBatch (a collector, so they are read, never duplicated)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from qwen3_runtime.server.messages import EngineStats, Update
+
+if TYPE_CHECKING:
+    from qwen3_runtime.server.engine_client import RequestStream
+
+PREFIX = "qwen3_runtime"
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.ttft = Histogram(
+            f"{PREFIX}_time_to_first_token_seconds", "Arrival to first token", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.tpot = Histogram(
+            f"{PREFIX}_time_per_output_token_seconds",
+            "Per request: (last - first token) / (tokens - 1)",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            f"{PREFIX}_inter_token_latency_seconds",
+            "Between a request's successive tokens",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            f"{PREFIX}_e2e_request_latency_seconds", "Arrival to the last update", buckets=LATENCY_BUCKETS, registry=r
+        )
+        self.prompt_tokens = Counter(f"{PREFIX}_prompt_tokens", "Prompt tokens submitted", registry=r)
+        self.generation_tokens = Counter(f"{PREFIX}_generation_tokens", "Tokens generated", registry=r)
+        self.finished = Counter(
+            f"{PREFIX}_requests_finished", "Engine requests by finish reason", ["finish_reason"], registry=r
+        )
+        self.aborted = Counter(
+            f"{PREFIX}_requests_aborted", "Requests aborted (client gone, or a stop string)", registry=r
+        )
+
+    def attach_engine(self, stats: Callable[[], EngineStats]) -> None:
+        """Export the engine's latest counters (`stats` returns them) at every scrape."""
+        self.registry.register(_EngineCollector(stats))
+
+    def observe_update(self, stream: RequestStream, up: Update, now: float) -> None:
+        """Latencies of one request's update, as the API process sees it arrive."""
+        if up.token_ids:
+            if stream.first_token is None:
+                stream.first_token = now
+                self.ttft.observe(now - stream.arrival)
+            else:
+                self.itl.observe((now - stream.last_token) / len(up.token_ids))
+            stream.last_token = now
+            stream.num_tokens += len(up.token_ids)
+            self.generation_tokens.inc(len(up.token_ids))
+        if up.finish_reason is None:
+            return
+        self.finished.labels(up.finish_reason).inc()
+        self.aborted.inc(up.finish_reason == "abort")
+        self.e2e.observe(now - stream.arrival)
+        if stream.num_tokens > 1:
+            self.tpot.observe((stream.last_token - stream.first_token) / (stream.num_tokens - 1))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _EngineCollector(Collector):
+    def __init__(self, stats: Callable[[], EngineStats]) -> None:
+        self.stats = stats
+
+    def collect(self) -> Iterator:
+        s = self.stats()
+        yield GaugeMetricFamily(f"{PREFIX}_num_requests_running", "Requests the engine is decoding", value=s.running)
+        yield GaugeMetricFamily(f"{PREFIX}_num_requests_waiting", "Requests waiting for admission", value=s.waiting)
+        yield CounterMetricFamily(f"{PREFIX}_engine_steps", "Engine steps (prefill and decode)", value=s.steps)
+        yield CounterMetricFamily(f"{PREFIX}_engine_d2h_copies", "Device-to-host copies", value=s.d2h_copies)
+        yield CounterMetricFamily(f"{PREFIX}_engine_d2h_bytes", "Device-to-host bytes copied", value=s.d2h_bytes)
+        yield CounterMetricFamily(f"{PREFIX}_engine_host_syncs", "Host waits on the device", value=s.host_syncs)
+        per_step = max(s.steps, 1)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_engine_d2h_copies_per_step", "Copies per step so far", value=s.d2h_copies / per_step
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_engine_d2h_bytes_per_step", "Bytes copied per step so far", value=s.d2h_bytes / per_step
+        )

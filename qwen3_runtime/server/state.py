@@ -1,0 +1,26 @@
+"""What the route handlers share: the engine client, the tokenizer, the model's name and limits."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass
+
+from qwen3_runtime.params import RequestLimits
+from qwen3_runtime.server.engine_client import EngineClient
+from qwen3_runtime.server.metrics import ServerMetrics
+from qwen3_runtime.tokenizer import Tokenizer
+
+
+@dataclass
+class ServerState:
+    client: EngineClient
+    tokenizer: Tokenizer
+    model_name: str
+    limits: RequestLimits
+    metrics: ServerMetrics
+
+
+def response_header(prefix: str, obj: str, model: str) -> dict:
+    """The fields every response and chunk starts with."""
+    return {"id": f"{prefix}-{uuid.uuid4().hex}", "object": obj, "created": int(time.time()), "model": model}

@@ -1,0 +1,184 @@
+"""The server end to end through the official openai client: greedy text equals the offline Runtime's tokens
+decoded, streaming with logprobs, echo, stop strings, n > 1, errors, and the API key."""
+
+import json
+import time
+
+import httpx
+import openai
+import pytest
+
+from qwen3_runtime.params import SamplingParams
+
+PROMPT = "The capital of France is"
+
+
+@pytest.fixture(scope="module")
+def offline(make_runtime_module):
+    return make_runtime_module
+
+
+def greedy_offline(rt, prompt_ids, max_tokens):
+    out = rt.generate([prompt_ids], SamplingParams(max_tokens=max_tokens, temperature=0))[0]
+    assert out.error is None
+    return out.token_ids
+
+
+def test_completion_greedy_equals_offline(client, offline):
+    tok = offline.tokenizer
+    ids = tok.encode(PROMPT)
+    expected = greedy_offline(offline, ids, 6)
+    for prompt in (PROMPT, ids):
+        resp = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0)
+        (choice,) = resp.choices
+        assert choice.text == tok.decode(expected)
+        assert choice.finish_reason == ("stop" if len(expected) < 6 else "length")
+        assert (resp.usage.prompt_tokens, resp.usage.completion_tokens) == (len(ids), len(expected))
+
+
+def test_chat_greedy_equals_offline(client, offline):
+    tok = offline.tokenizer
+    messages = [{"role": "user", "content": "Hello!"}]
+    ids = tok.encode(tok.apply_chat_template(messages))
+    expected = greedy_offline(offline, ids, 5)
+    resp = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
+    assert resp.choices[0].message.content == tok.decode(expected)
+    assert resp.choices[0].message.role == "assistant"
+    assert resp.usage.total_tokens == len(ids) + len(expected)
+
+
+def test_completion_stream_with_logprobs_matches_whole(client):
+    args = dict(model="tiny", prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2)
+    whole = client.completions.create(**args).choices[0]
+    chunks = list(client.completions.create(**args, stream=True, stream_options={"include_usage": True}))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    tokens = [t for c in chunks if c.choices and c.choices[0].logprobs for t in c.choices[0].logprobs.tokens]
+    assert text == whole.text
+    assert tokens == whole.logprobs.tokens
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.finish_reason
+    assert chunks[-1].usage.completion_tokens == 5 and not chunks[-1].choices
+    assert all(len(top) <= 2 for top in whole.logprobs.top_logprobs)
+    assert whole.logprobs.text_offset == sorted(whole.logprobs.text_offset)
+
+
+def test_chat_stream_with_logprobs(client):
+    args = dict(model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=4, temperature=0)
+    whole = client.chat.completions.create(**args, logprobs=True, top_logprobs=2).choices[0]
+    stream = client.chat.completions.create(
+        **args, logprobs=True, top_logprobs=2, stream=True, stream_options={"include_usage": True}
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    content = [e for c in chunks if c.choices and c.choices[0].logprobs for e in c.choices[0].logprobs.content]
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == whole.message.content
+    assert [e.token for e in content] == [e.token for e in whole.logprobs.content]
+    assert len(content) == 4 and chunks[-1].usage.completion_tokens == 4
+    for entry in content:
+        assert len(entry.top_logprobs) == 2 and entry.logprob <= 0 and isinstance(entry.bytes, list)
+        assert entry.top_logprobs[0].logprob >= entry.logprob
+
+
+def test_echo_puts_prompt_logprobs_first(client, offline):
+    ids = offline.tokenizer.encode(PROMPT)
+    resp = client.completions.create(model="tiny", prompt=ids, max_tokens=3, temperature=0, logprobs=1, echo=True)
+    choice = resp.choices[0]
+    assert choice.text.startswith(PROMPT)
+    lp = choice.logprobs
+    assert len(lp.tokens) == len(ids) + 3
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+    assert lp.text_offset[0] == 0 and lp.text_offset[len(ids)] == len(PROMPT)
+
+
+def test_prompt_logprobs_extension(http):
+    body = {"prompt": PROMPT, "max_tokens": 1, "temperature": 0, "prompt_logprobs": 1}
+    choice = http.post("/v1/completions", json=body).json()["choices"][0]
+    entries = choice["prompt_logprobs"]
+    assert entries[0] is None and len(entries) > 1
+    assert all("logprob" in v and "rank" in v for e in entries[1:] for v in e.values())
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_string_cuts_output(client, stream):
+    args = dict(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0)
+    full = client.completions.create(**args).choices[0].text
+    stop = full[6:9]
+    expected = full[: full.index(stop)]
+    if stream:
+        chunks = list(client.completions.create(**args, stop=[stop], stream=True))
+        text, reason = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+    else:
+        choice = client.completions.create(**args, stop=[stop]).choices[0]
+        text, reason = choice.text, choice.finish_reason
+    assert (text, reason) == (expected, "stop")
+
+
+def test_n_choices_seeded(client, offline):
+    args = dict(model="tiny", prompt=PROMPT, max_tokens=4, temperature=1.0, n=3, seed=7)
+    first, again = client.completions.create(**args), client.completions.create(**args)
+    assert [c.index for c in first.choices] == [0, 1, 2]
+    assert [c.text for c in first.choices] == [c.text for c in again.choices]
+    assert first.usage.completion_tokens == 12
+    assert first.usage.prompt_tokens == len(offline.tokenizer.encode(PROMPT))  # once, not per choice
+
+
+@pytest.mark.parametrize(
+    "body, param, message",
+    [
+        ({"prompt": "x", "top_p": 3}, "top_p", "less than or equal to 1"),
+        ({"prompt": "x", "logprobs": 30}, "logprobs", "Requested sample logprobs of 30, which is greater than max"),
+        ({"prompt": [1, 10**9]}, "prompt", "out of range"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
+        ({"prompt": []}, "prompt", "empty"),
+    ],
+)
+def test_bad_completion_request_is_400_naming_the_parameter(client, body, param, message):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.completions.create(model="tiny", **body)
+    error = info.value.body
+    assert error["param"] == param and message in error["message"], error
+    assert error["type"] == "BadRequestError" and error["code"] == 400
+    assert client.completions.create(model="tiny", prompt="x", max_tokens=1).choices  # still serving
+
+
+def test_bad_chat_request(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], top_logprobs=2)
+    assert info.value.body["param"] == "top_logprobs"
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=21
+        )
+    assert info.value.body["param"] == "top_logprobs"
+
+
+def test_disconnect_mid_stream_aborts_the_request(base_url, api_key, metric):
+    aborted = metric("qwen3_runtime_requests_aborted_total")
+    body = {"prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True}
+    headers = {"Authorization": f"Bearer {api_key}"}
+    with httpx.stream("POST", f"{base_url}/v1/completions", json=body, headers=headers, timeout=60) as resp:
+        lines = resp.iter_lines()
+        first = next(line for line in lines if line.startswith("data: "))
+        assert json.loads(first[6:])["choices"]
+    deadline = time.monotonic() + 20
+    while metric("qwen3_runtime_requests_aborted_total") == aborted:
+        assert time.monotonic() < deadline, "the request was not aborted"
+        time.sleep(0.1)
+    assert metric("qwen3_runtime_num_requests_running") == 0
+
+
+def test_models_health_metrics(http, base_url, metric):
+    assert http.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    assert httpx.get(f"{base_url}/health").status_code == 200  # no key needed
+    text = http.get("/metrics").text
+    for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "engine_d2h_bytes_per_step"):
+        assert f"qwen3_runtime_{name}" in text
+    assert metric("qwen3_runtime_generation_tokens_total") > 0
+
+
+def test_api_key_required(base_url):
+    for path in ("/v1/models", "/metrics"):
+        resp = httpx.get(f"{base_url}{path}", headers={"Authorization": "Bearer wrong"})
+        assert resp.status_code == 401 and resp.json()["error"]["type"] == "AuthenticationError"
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{base_url}/v1", api_key="wrong", max_retries=0).models.list()
