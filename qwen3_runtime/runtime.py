@@ -20,7 +20,7 @@ from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate
 from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
 from qwen3_runtime.stats import RunnerStats
-from qwen3_runtime.tokenizer import Tokenizer
+from qwen3_runtime.tokenizer import Tokenizer, load_tokenizer
 from qwen3_runtime.validation import plain_token_ids
 
 
@@ -65,13 +65,8 @@ class Runtime:
 
     @functools.cached_property
     def tokenizer(self) -> Tokenizer:
-        """model.tokenizer: builtin (Qwen3's, for random weights) or a directory with tokenizer.json; unset,
-        the checkpoint's own (model.path), else the built-in one. Loaded when first used."""
-        source = self.config.model.tokenizer or self.config.model.path
-        try:
-            return Tokenizer.builtin_qwen3() if source in (None, "builtin") else Tokenizer.from_checkpoint(source)
-        except ValueError as e:
-            raise ConfigError(f"model.tokenizer={source!r}: {e}") from None
+        """The model's tokenizer (tokenizer.load_tokenizer), loaded when first used."""
+        return load_tokenizer(self.config.model)
 
     def add_request(self, prompt: list[int], params: SamplingParams, stream: bool = False) -> int:
         """Queue a request and return its id; a bad request raises ValueError naming the parameter.

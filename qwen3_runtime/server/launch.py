@@ -8,31 +8,20 @@ from typing import Any
 
 import uvicorn
 
-from qwen3_runtime.config import ConfigError, load_config
+from qwen3_runtime.config import load_config
 from qwen3_runtime.params import RequestLimits
 from qwen3_runtime.server.engine_client import EngineClient
 from qwen3_runtime.server.metrics import ServerMetrics
 from qwen3_runtime.server.openai_api import build_app
 from qwen3_runtime.server.state import ServerState
-from qwen3_runtime.tokenizer import Tokenizer
+from qwen3_runtime.tokenizer import load_tokenizer
 
 log = logging.getLogger("qwen3_runtime.server")
 
 
-def load_tokenizer(config: str, overrides: dict[str, Any]) -> Tokenizer:
-    """The tokenizer Runtime.tokenizer would load (model.tokenizer, else the checkpoint's, else built-in), here in
-    the API process, which never builds a Runtime."""
-    model = load_config(config, overrides).model
-    source = model.tokenizer or model.path
-    try:
-        return Tokenizer.builtin_qwen3() if source in (None, "builtin") else Tokenizer.from_checkpoint(source)
-    except ValueError as e:
-        raise ConfigError(f"model.tokenizer={source!r}: {e}") from None
-
-
 def serve(config: str, overrides: dict[str, Any], host: str, port: int, api_key: str | None = None) -> None:
     """Raises ConfigError for a bad config, EngineStartError when the engine cannot build the Runtime."""
-    tokenizer = load_tokenizer(config, overrides)  # checks the config before a process is spawned
+    tokenizer = load_tokenizer(load_config(config, overrides).model)  # checks the config before a spawn
     metrics = ServerMetrics()
     client = EngineClient(config, overrides, metrics)
     limits = client.start()

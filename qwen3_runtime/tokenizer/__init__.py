@@ -2,7 +2,7 @@
 detokenization."""
 
 from qwen3_runtime.tokenizer.builtin import QWEN3_ADDED_TOKENS
-from qwen3_runtime.tokenizer.core import Tokenizer
+from qwen3_runtime.tokenizer.core import Tokenizer, load_tokenizer
 from qwen3_runtime.tokenizer.detokenizer import IncrementalDetokenizer
 
-__all__ = ["QWEN3_ADDED_TOKENS", "IncrementalDetokenizer", "Tokenizer"]
+__all__ = ["QWEN3_ADDED_TOKENS", "IncrementalDetokenizer", "Tokenizer", "load_tokenizer"]

@@ -8,6 +8,7 @@ from typing import Any
 
 import tokenizers
 
+from qwen3_runtime.config import ConfigError, ModelConfig
 from qwen3_runtime.tokenizer.builtin import ENDOFTEXT_ID, IM_END_ID, _unicode_to_bytes, load_builtin_qwen3_hf_tokenizer
 from qwen3_runtime.tokenizer.chat_template import QWEN3_CHATML_TEMPLATE, compile_template, render
 from qwen3_runtime.tokenizer.checkpoint import read_checkpoint_tokenizer
@@ -121,3 +122,13 @@ class Tokenizer:
             raise ValueError("this tokenizer has no chat template (tokenizer_config.json has no chat_template)")
         context = {**self.special_tokens_map, **kwargs}
         return render(self.chat_template, messages, add_generation_prompt, **context)
+
+
+def load_tokenizer(model: ModelConfig) -> Tokenizer:
+    """model.tokenizer: builtin (Qwen3's, for random weights) or a directory with tokenizer.json; unset, the
+    checkpoint's own (model.path), else the built-in one."""
+    source = model.tokenizer or model.path
+    try:
+        return Tokenizer.builtin_qwen3() if source in (None, "builtin") else Tokenizer.from_checkpoint(source)
+    except ValueError as e:
+        raise ConfigError(f"model.tokenizer={source!r}: {e}") from None
