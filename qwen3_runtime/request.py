@@ -96,7 +96,7 @@ class RequestUpdate:
     """What a streamed request produced in one step: its new tokens (and their logprobs, when asked), the
     prompt's logprobs with its first token, and how it finished when it did."""
 
-    request_id: int
+    request_id: int | str  # the Runtime's id; the server's engine process renames it to the API process's
     token_ids: list[int]
     logprobs: list[TokenLogprob | None] | None
     prompt_logprobs: list[TokenLogprob | None] | None

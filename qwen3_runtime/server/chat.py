@@ -9,7 +9,7 @@ from qwen3_runtime.server.generation import Generation
 from qwen3_runtime.server.inputs import chat_inputs
 from qwen3_runtime.server.logprob_format import chat_logprobs
 from qwen3_runtime.server.protocol import ChatCompletionRequest
-from qwen3_runtime.server.sse import failed, stream_response
+from qwen3_runtime.server.sse import stream_response
 from qwen3_runtime.server.state import ServerState, response_header
 from qwen3_runtime.tokenizer import Tokenizer
 
@@ -20,13 +20,7 @@ async def create_chat_completion(req: ChatCompletionRequest, state: ServerState)
     gen.start()
     if req.stream:
         return _stream(req, tok, gen, response_header("chatcmpl", "chat.completion.chunk", state.model_name))
-    try:
-        choices = await gen.run()
-    finally:
-        gen.abort()
-    error = failed(choices)
-    if error:
-        return error.response()
+    choices = await gen.complete()
     body = []
     for c in choices:
         text, ids, lps, _ = c.delta()

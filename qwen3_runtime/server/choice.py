@@ -8,7 +8,7 @@ start a stop string the next token completes."""
 from __future__ import annotations
 
 from qwen3_runtime.logprobs import TokenLogprob
-from qwen3_runtime.server.messages import Update
+from qwen3_runtime.request import RequestUpdate
 from qwen3_runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
@@ -32,7 +32,7 @@ class Choice:
     def finished(self) -> bool:
         return self.finish_reason is not None
 
-    def apply(self, up: Update) -> bool:
+    def apply(self, up: RequestUpdate) -> bool:
         """Take an update; True when a stop string just ended the choice (abort its engine request)."""
         if up.prompt_logprobs is not None:
             self.prompt_logprobs = up.prompt_logprobs

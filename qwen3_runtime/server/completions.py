@@ -10,7 +10,7 @@ from qwen3_runtime.server.generation import Generation
 from qwen3_runtime.server.inputs import EngineInput, completion_inputs
 from qwen3_runtime.server.logprob_format import completion_logprobs, merge_completion_logprobs, prompt_logprobs
 from qwen3_runtime.server.protocol import CompletionRequest
-from qwen3_runtime.server.sse import failed, stream_response
+from qwen3_runtime.server.sse import stream_response
 from qwen3_runtime.server.state import ServerState, response_header
 from qwen3_runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
@@ -22,13 +22,7 @@ async def create_completion(req: CompletionRequest, state: ServerState) -> JSONR
     header = response_header("cmpl", "text_completion", state.model_name)
     if req.stream:
         return _stream(req, state.tokenizer, gen, header)
-    try:
-        choices = await gen.run()
-    finally:
-        gen.abort()
-    error = failed(choices)
-    if error:
-        return error.response()
+    choices = await gen.complete()
     body = [_ChoiceWriter(req, state.tokenizer, x).body(c) for c, x in zip(choices, inputs)]
     return JSONResponse({**header, "choices": body, "usage": gen.usage()})
 

@@ -5,11 +5,13 @@ one StepBatch per step that produced tokens. It exits when the API process's end
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
 
+from qwen3_runtime.request import RequestUpdate
 from qwen3_runtime.runtime import Runtime
 from qwen3_runtime.server.messages import (
     AbortRequest,
@@ -18,7 +20,6 @@ from qwen3_runtime.server.messages import (
     Failed,
     Ready,
     StepBatch,
-    Update,
 )
 
 log = logging.getLogger("qwen3_runtime.server.engine")
@@ -43,7 +44,7 @@ class EngineLoop:
         self.outbox = outbox
         self.client_ids: dict[int, str] = {}  # the Runtime's id -> the API process's id
         self.engine_ids: dict[str, int] = {}
-        self.rejected: list[Update] = []
+        self.rejected: list[RequestUpdate] = []
 
     def run(self) -> None:
         while self._receive(block=not self.rt.has_unfinished()):
@@ -67,7 +68,7 @@ class EngineLoop:
             try:
                 engine_id = self.rt.add_request(msg.prompt, msg.params, stream=True)
             except ValueError as e:
-                self.rejected.append(Update(msg.request_id, [], None, None, "rejected", str(e), len(msg.prompt)))
+                self.rejected.append(RequestUpdate(msg.request_id, [], None, None, "rejected", str(e), len(msg.prompt)))
                 return
             self.client_ids[engine_id] = msg.request_id
             self.engine_ids[msg.request_id] = engine_id
@@ -84,14 +85,10 @@ class EngineLoop:
             client_id = self.client_ids[up.request_id]
             if up.finish_reason is not None:
                 del self.client_ids[up.request_id], self.engine_ids[client_id]
-            fields = (up.token_ids, up.logprobs, up.prompt_logprobs, up.finish_reason, up.error, up.num_prompt_tokens)
-            updates.append(Update(client_id, *fields))
+            updates.append(dataclasses.replace(up, request_id=client_id))
         if updates:
             self.outbox.send(StepBatch(updates, self._stats()))
 
     def _stats(self) -> EngineStats:
-        stats, sched = self.rt.stats, self.rt.scheduler
-        steps = stats.decode_steps + stats.prefill_steps
-        return EngineStats(
-            len(sched.running), len(sched.waiting), steps, stats.d2h_copies, stats.d2h_bytes, stats.host_syncs
-        )
+        sched = self.rt.scheduler
+        return EngineStats(len(sched.running), len(sched.waiting), self.rt.stats)

@@ -48,10 +48,17 @@ class Generation:
                 self._open.discard(up.request_id)
             yield choice
 
-    async def run(self) -> list[Choice]:
-        """To the end (non-streaming)."""
-        async for _ in self.updates():
-            pass
+    async def complete(self) -> list[Choice]:
+        """Every choice to its end, for a response that is not streamed. A choice the engine failed (non-finite
+        logits) raises a clear 500 for this request; the server and the other requests go on."""
+        try:
+            async for _ in self.updates():
+                pass
+        finally:
+            self.abort()
+        for c in self.choices:
+            if c.finish_reason == "error":
+                raise APIError(f"the request failed in the engine: {c.error}", status=500, kind="InternalServerError")
         return self.choices
 
     def abort(self) -> None:

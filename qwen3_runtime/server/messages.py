@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from qwen3_runtime.logprobs import TokenLogprob
 from qwen3_runtime.params import SamplingParams
+from qwen3_runtime.request import RequestUpdate
+from qwen3_runtime.stats import RunnerStats
 
 
 class AddRequest(NamedTuple):
@@ -21,34 +22,20 @@ class AbortRequest(NamedTuple):
     request_id: str
 
 
-class Update(NamedTuple):
-    """A request's new tokens since the engine's last step, as Runtime.take_updates gives them.
-
-    finish_reason "rejected": the engine refused the request (`error` says why; the API process checks first,
-    so this is a defence against limits it did not know)."""
-
-    request_id: str
-    token_ids: list[int]
-    logprobs: list[TokenLogprob | None] | None
-    prompt_logprobs: list[TokenLogprob | None] | None
-    finish_reason: str | None
-    error: str | None
-    num_prompt_tokens: int
-
-
 class EngineStats(NamedTuple):
-    """The engine's counters after a step (Runtime.stats and the scheduler's queues), for /metrics."""
+    """The engine's counters after a step (the scheduler's queues and Runtime.stats), for /metrics."""
 
     running: int = 0
     waiting: int = 0
-    steps: int = 0
-    d2h_copies: int = 0
-    d2h_bytes: int = 0
-    host_syncs: int = 0
+    runner: RunnerStats = RunnerStats()
 
 
 class StepBatch(NamedTuple):
-    updates: list[Update]
+    """Runtime.take_updates of one step, named by the API process's ids. finish_reason "rejected": the engine
+    refused the request (`error` says why; the API process checks first, so this guards against limits it did
+    not know)."""
+
+    updates: list[RequestUpdate]
     stats: EngineStats
 
 

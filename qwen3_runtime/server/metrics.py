@@ -10,7 +10,8 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from qwen3_runtime.server.messages import EngineStats, Update
+from qwen3_runtime.request import RequestUpdate
+from qwen3_runtime.server.messages import EngineStats
 
 if TYPE_CHECKING:
     from qwen3_runtime.server.engine_client import RequestStream
@@ -54,7 +55,7 @@ class ServerMetrics:
         """Export the engine's latest counters (`stats` returns them) at every scrape."""
         self.registry.register(_EngineCollector(stats))
 
-    def observe_update(self, stream: RequestStream, up: Update, now: float) -> None:
+    def observe_update(self, stream: RequestStream, up: RequestUpdate, now: float) -> None:
         """Latencies of one request's update, as the API process sees it arrive."""
         if up.token_ids:
             if stream.first_token is None:
@@ -83,16 +84,17 @@ class _EngineCollector(Collector):
 
     def collect(self) -> Iterator:
         s = self.stats()
+        r, steps = s.runner, s.runner.decode_steps + s.runner.prefill_steps
         yield GaugeMetricFamily(f"{PREFIX}_num_requests_running", "Requests the engine is decoding", value=s.running)
         yield GaugeMetricFamily(f"{PREFIX}_num_requests_waiting", "Requests waiting for admission", value=s.waiting)
-        yield CounterMetricFamily(f"{PREFIX}_engine_steps", "Engine steps (prefill and decode)", value=s.steps)
-        yield CounterMetricFamily(f"{PREFIX}_engine_d2h_copies", "Device-to-host copies", value=s.d2h_copies)
-        yield CounterMetricFamily(f"{PREFIX}_engine_d2h_bytes", "Device-to-host bytes copied", value=s.d2h_bytes)
-        yield CounterMetricFamily(f"{PREFIX}_engine_host_syncs", "Host waits on the device", value=s.host_syncs)
-        per_step = max(s.steps, 1)
+        yield CounterMetricFamily(f"{PREFIX}_engine_steps", "Engine steps (prefill and decode)", value=steps)
+        yield CounterMetricFamily(f"{PREFIX}_engine_d2h_copies", "Device-to-host copies", value=r.d2h_copies)
+        yield CounterMetricFamily(f"{PREFIX}_engine_d2h_bytes", "Device-to-host bytes copied", value=r.d2h_bytes)
+        yield CounterMetricFamily(f"{PREFIX}_engine_host_syncs", "Host waits on the device", value=r.host_syncs)
+        per_step = max(steps, 1)
         yield GaugeMetricFamily(
-            f"{PREFIX}_engine_d2h_copies_per_step", "Copies per step so far", value=s.d2h_copies / per_step
+            f"{PREFIX}_engine_d2h_copies_per_step", "Copies per step so far", value=r.d2h_copies / per_step
         )
         yield GaugeMetricFamily(
-            f"{PREFIX}_engine_d2h_bytes_per_step", "Bytes copied per step so far", value=s.d2h_bytes / per_step
+            f"{PREFIX}_engine_d2h_bytes_per_step", "Bytes copied per step so far", value=r.d2h_bytes / per_step
         )

@@ -48,11 +48,3 @@ def stream_response(
             gen.abort()
 
     return StreamingResponse(events(), media_type="text/event-stream")
-
-
-def failed(choices: Iterable[Choice]) -> APIError | None:
-    """A choice the engine failed (non-finite logits) as a clear 500; the server and other requests go on."""
-    for c in choices:
-        if c.finish_reason == "error":
-            return APIError(f"the request failed in the engine: {c.error}", status=500, kind="InternalServerError")
-    return None

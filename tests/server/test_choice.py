@@ -2,8 +2,8 @@
 
 import pytest
 
+from qwen3_runtime.request import RequestUpdate
 from qwen3_runtime.server.choice import Choice
-from qwen3_runtime.server.messages import Update
 from qwen3_runtime.tokenizer import Tokenizer
 
 
@@ -13,7 +13,7 @@ def tok():
 
 
 def update(ids, finish=None):
-    return Update("r", list(ids), None, None, finish, None, 3)
+    return RequestUpdate("r", list(ids), None, None, finish, None, 3)
 
 
 def test_stop_string_across_tokens_cuts_and_holds_back(tok):
