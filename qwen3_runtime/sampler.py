@@ -77,7 +77,8 @@ def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torc
 def hash_bits(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
     """[B, vocab] int64 in [0, 2**32): a hash of (seed, position, token id). The [B, vocab] steps
     run in place: on the CPU allocating each intermediate costs more than the arithmetic."""
-    key = _mix(_mix((seed & _MASK32) ^ _mix(seed >> 32)) ^ (position & _MASK32))
+    key = _mix((seed & _MASK32) ^ _mix(seed >> 32)).bitwise_xor_(position & _MASK32)
+    key = _mix(key)
     token = torch.arange(vocab, device=seed.device, dtype=torch.int64)
     bits = key[:, None] ^ token[None, :]
     scratch = torch.empty_like(bits)
@@ -94,15 +95,13 @@ def gumbel_from_bits(k: torch.Tensor) -> torch.Tensor:
 
 
 def _mix(h: torch.Tensor) -> torch.Tensor:
-    """A 32-bit avalanche mixer in int64 arithmetic; multipliers < 2**31 so nothing overflows."""
-    h = h & _MASK32
-    h = ((h ^ (h >> 16)) * 0x7FEB352D) & _MASK32
-    h = ((h ^ (h >> 15)) * 0x1B873593) & _MASK32
-    return h ^ (h >> 16)
+    """_mix_ on a copy."""
+    return _mix_(h.clone(), torch.empty_like(h))
 
 
 def _mix_(h: torch.Tensor, scratch: torch.Tensor) -> torch.Tensor:
-    """_mix in place on h, with scratch (same shape) for the shifted copies."""
+    """A 32-bit avalanche mixer, in place on int64 h (scratch: same shape, for the shifted copies);
+    multipliers < 2**31, so nothing overflows int64."""
     h.bitwise_and_(_MASK32)
     h.bitwise_xor_(torch.bitwise_right_shift(h, 16, out=scratch)).mul_(0x7FEB352D).bitwise_and_(_MASK32)
     h.bitwise_xor_(torch.bitwise_right_shift(h, 15, out=scratch)).mul_(0x1B873593).bitwise_and_(_MASK32)
