@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -25,6 +26,7 @@ def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> No
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
+            proc.stdout.seek(0)
             raise RuntimeError(f"the server exited with {proc.returncode}:\n{proc.stdout.read()}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
@@ -41,7 +43,9 @@ def start_server(*extra: str) -> tuple[subprocess.Popen, str]:
     # (tests/conftest.py sets TRITON_INTERPRET for the kernel tests; the child must not inherit it).
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-m", "qwen3_runtime", "serve", "--config", "tiny", "--port", str(port), *extra]
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Its output goes to a file: a pipe nobody reads would fill up and block the server.
+    log = tempfile.TemporaryFile("w+")
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy(url, proc)
