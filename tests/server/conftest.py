@@ -22,12 +22,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, timeout: float = 120.0) -> None:
+def wait_healthy(url: str, proc: subprocess.Popen, log, timeout: float = 120.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            proc.stdout.seek(0)
-            raise RuntimeError(f"the server exited with {proc.returncode}:\n{proc.stdout.read()}")
+            log.seek(0)
+            raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read()}")
         try:
             if httpx.get(f"{url}/health", timeout=1).status_code == 200:
                 return
@@ -48,7 +48,7 @@ def start_server(*extra: str) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_healthy(url, proc)
+        wait_healthy(url, proc, log)
     except BaseException:
         proc.kill()
         raise
