@@ -114,7 +114,6 @@ def test_added_tokens_have_qwen3_ids_and_flags(tok: Tokenizer) -> None:
         assert tok.encode(content) == [151643 + i]
         assert ((151643 + i) in tok.special_ids) == special
     assert tok.token_to_id("<think>") == 151667 and tok.token_to_id("</think>") == 151668
-    assert tok.eos_token_ids == (151645, 151643)
 
 
 def test_matches_tiktoken_on_varied_texts(tok: Tokenizer) -> None:
@@ -268,12 +267,11 @@ def _checkpoint(tmp_path: Path, tokenizer_json: Path, config: object, **files: s
 
 def test_from_checkpoint(tok: Tokenizer, tokenizer_json: Path, tmp_path: Path) -> None:
     config = {"chat_template": _CUSTOM_TEMPLATE, "eos_token": {"content": "<|im_end|>"}, "pad_token": "<|endoftext|>"}
-    path = _checkpoint(tmp_path, tokenizer_json, config, generation_config__json='{"eos_token_id": [151643, 151645]}')
+    path = _checkpoint(tmp_path, tokenizer_json, config)
     ck = Tokenizer.from_checkpoint(path)
     for text in _varied_texts(30, seed=3):
         assert ck.encode(text) == tok.encode(text)
     assert ck.vocab_size == tok.vocab_size
-    assert ck.eos_token_ids == (151643, 151645)
     assert ck.special_ids == tok.special_ids
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]
     assert ck.apply_chat_template(messages) == "[user] hi<|im_end|>\n[assistant] yo<|im_end|>\n[assistant] "
@@ -289,7 +287,6 @@ def test_from_checkpoint_prefers_chat_template_jinja(tokenizer_json: Path, tmp_p
 
 def test_from_checkpoint_without_template(tiny_tokenizer_json: Path, tmp_path: Path) -> None:
     ck = Tokenizer.from_checkpoint(_checkpoint(tmp_path, tiny_tokenizer_json, {"eos_token": "<|end|>"}))
-    assert ck.eos_token_ids == (3,)
     assert ck.encode("aab<|end|>") == [0, 2, 3]
     assert ck.decode([0, 2, 3], skip_special_tokens=True) == "aab"
     with pytest.raises(ValueError, match="no chat template"):
@@ -305,9 +302,6 @@ def test_from_checkpoint_without_template(tiny_tokenizer_json: Path, tmp_path: P
         ({"chat_template": "{% for %}"}, {}, "tokenizer_config.json", "does not compile"),
         ({"chat_template": 3}, {}, "tokenizer_config.json", "chat_template must be"),
         ({}, {"chat_template__jinja": "{{ x"}, "chat_template.jinja", "does not compile"),
-        ({}, {"generation_config__json": '{"eos_token_id": "x"}'}, "generation_config.json", "eos_token_id"),
-        ({}, {"generation_config__json": '{"eos_token_id": 4}'}, "generation_config.json", "outside"),
-        ({"eos_token": "<nope>"}, {}, "tokenizer_config.json", "not in"),
     ],
 )
 def test_from_checkpoint_errors_name_the_file(

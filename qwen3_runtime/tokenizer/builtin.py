@@ -55,8 +55,6 @@ QWEN3_ADDED_TOKENS: tuple[tuple[str, bool], ...] = (
     ("<think>", False),
     ("</think>", False),
 )
-ENDOFTEXT_ID = 151643
-IM_END_ID = 151645
 # Bump when the built tokenizer.json would change for the same ranks file (invalidates caches).
 _BUILD_FORMAT = 1
 

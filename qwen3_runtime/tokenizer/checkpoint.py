@@ -1,6 +1,7 @@
-"""A checkpoint's tokenizer files: tokenizer.json, tokenizer_config.json, and where present chat_template.jinja
-and generation_config.json. Every missing or malformed file is a ValueError naming it; the small files are read
-first, so their errors do not wait for a large tokenizer.json to parse."""
+"""A checkpoint's tokenizer files: tokenizer.json, tokenizer_config.json, and chat_template.jinja where present.
+Every missing or malformed file is a ValueError naming it; the small files are read first, so their errors do
+not wait for a large tokenizer.json to parse. (The ids generation stops on come from the model's config.json and
+generation_config.json: loader.py.)"""
 
 from __future__ import annotations
 
@@ -19,13 +20,10 @@ from qwen3_runtime.tokenizer.chat_template import compile_template
 class CheckpointTokenizer:
     hf: tokenizers.Tokenizer
     chat_template: str | None
-    eos_token_ids: list[int]
     special_tokens_map: dict[str, str]
 
 
 def read_checkpoint_tokenizer(path: str | Path) -> CheckpointTokenizer:
-    """EOS ids: generation_config.json's `eos_token_id` first (the ids generation stops on), then
-    tokenizer_config.json's `eos_token`."""
     root = Path(path)
     tok_path, cfg_path = root / "tokenizer.json", root / "tokenizer_config.json"
     if not tok_path.is_file():
@@ -39,21 +37,11 @@ def read_checkpoint_tokenizer(path: str | Path) -> CheckpointTokenizer:
         for key in ("bos_token", "eos_token", "pad_token", "unk_token")
         if (content := _token_content(cfg.get(key))) is not None
     }
-    gen_path = root / "generation_config.json"
-    gen_eos = _generation_eos(gen_path)
     try:
         hf = tokenizers.Tokenizer.from_file(str(tok_path))
     except Exception as e:  # tokenizers raises a plain Exception on bad JSON or schema
         raise ValueError(f"{tok_path}: not a valid tokenizers file: {e}") from e
-    if any(not 0 <= v < hf.get_vocab_size(with_added_tokens=True) for v in gen_eos):
-        raise ValueError(f"{gen_path}: eos_token_id {gen_eos} outside the vocabulary of {tok_path}")
-    eos_ids = list(gen_eos)
-    if "eos_token" in special_tokens_map:
-        eos_id = hf.token_to_id(special_tokens_map["eos_token"])
-        if eos_id is None:
-            raise ValueError(f"{cfg_path}: eos_token {special_tokens_map['eos_token']!r} is not in {tok_path}")
-        eos_ids.append(eos_id)
-    return CheckpointTokenizer(hf, template, eos_ids, special_tokens_map)
+    return CheckpointTokenizer(hf, template, special_tokens_map)
 
 
 def _chat_template(root: Path, cfg: dict) -> str | None:
@@ -79,15 +67,6 @@ def _chat_template(root: Path, cfg: dict) -> str | None:
         except jinja2.TemplateSyntaxError as e:
             raise ValueError(f"{source}: chat template does not compile: {e}") from e
     return template
-
-
-def _generation_eos(gen_path: Path) -> list[int]:
-    gen = _read_json(gen_path, required=False)
-    gen_eos = gen.get("eos_token_id") if isinstance(gen, dict) else None
-    gen_eos = [gen_eos] if isinstance(gen_eos, int) else gen_eos or []
-    if not (isinstance(gen_eos, list) and all(isinstance(v, int) for v in gen_eos)):
-        raise ValueError(f"{gen_path}: eos_token_id must be an int or a list of ints")
-    return gen_eos
 
 
 def _read_json(path: Path, *, required: bool) -> Any:

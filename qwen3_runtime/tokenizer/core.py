@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import tokenizers
 
 from qwen3_runtime.config import ConfigError, ModelConfig
-from qwen3_runtime.tokenizer.builtin import ENDOFTEXT_ID, IM_END_ID, _unicode_to_bytes, load_builtin_qwen3_hf_tokenizer
+from qwen3_runtime.tokenizer.builtin import _unicode_to_bytes, load_builtin_qwen3_hf_tokenizer
 from qwen3_runtime.tokenizer.chat_template import QWEN3_CHATML_TEMPLATE, compile_template, render
 from qwen3_runtime.tokenizer.checkpoint import read_checkpoint_tokenizer
 
@@ -22,12 +22,10 @@ class Tokenizer:
         hf_tokenizer: tokenizers.Tokenizer,
         *,
         chat_template: str | None,
-        eos_token_ids: Sequence[int],
         special_tokens_map: dict[str, str] | None = None,
     ) -> None:
         self._tok = hf_tokenizer
         self.chat_template = chat_template
-        self.eos_token_ids: tuple[int, ...] = tuple(dict.fromkeys(eos_token_ids))
         # bos_token, eos_token, ... as template variables (templates written for transformers may use them).
         self.special_tokens_map: dict[str, str] = dict(special_tokens_map or {})
         added = hf_tokenizer.get_added_tokens_decoder()
@@ -45,7 +43,6 @@ class Tokenizer:
         return cls(
             load_builtin_qwen3_hf_tokenizer(cache_dir),
             chat_template=QWEN3_CHATML_TEMPLATE,
-            eos_token_ids=(IM_END_ID, ENDOFTEXT_ID),  # Qwen3's generation_config.json order
             special_tokens_map={"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
         )
 
@@ -56,7 +53,6 @@ class Tokenizer:
         return cls(
             files.hf,
             chat_template=files.chat_template,
-            eos_token_ids=files.eos_token_ids,
             special_tokens_map=files.special_tokens_map,
         )
 
