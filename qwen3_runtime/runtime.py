@@ -23,6 +23,9 @@ from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.tokenizer import Tokenizer, load_tokenizer
 from qwen3_runtime.validation import plain_token_ids
 
+# Token ids, text, or chat messages ([{"role": ..., "content": ...}, ...]).
+Prompt = list[int] | str | list[dict]
+
 
 class Runtime:
     def __init__(self, config: Config) -> None:
@@ -68,15 +71,24 @@ class Runtime:
         """The model's tokenizer (tokenizer.load_tokenizer), loaded when first used."""
         return load_tokenizer(self.config.model)
 
-    def add_request(self, prompt: list[int], params: SamplingParams, stream: bool = False) -> int:
+    def add_request(self, prompt: Prompt, params: SamplingParams, stream: bool = False) -> int:
         """Queue a request and return its id; a bad request raises ValueError naming the parameter.
-        `stream`: report its tokens step by step through take_updates()."""
-        prompt, params = self._validate(prompt, params)
+        `prompt`: token ids, text, or chat messages (through the tokenizer's chat template). `stream`: report
+        its tokens step by step through take_updates()."""
+        prompt, params = self._validate(self._token_ids(prompt), params)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         req = Request(self._new_id(), prompt, params, seed=seed, stream=stream, arrival_time=time.perf_counter())
         self.scheduler.add(req)
         self._live[req.request_id] = req
         return req.request_id
+
+    def _token_ids(self, prompt: Prompt) -> object:
+        """Text and chat messages through the tokenizer; anything else is checked as token ids."""
+        if isinstance(prompt, str):
+            return self.tokenizer.encode(prompt)
+        if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+            return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt))
+        return prompt
 
     def abort(self, request_id: int) -> None:
         """End a request now (finish_reason "abort") and free its KV blocks; its output comes with the next
@@ -181,7 +193,7 @@ class Runtime:
 
     def generate(
         self,
-        prompts: Seq[list[int]],
+        prompts: Seq[Prompt],
         params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
@@ -197,7 +209,8 @@ class Runtime:
         for prompt, p in zip(prompts, per_request):
             try:
                 request_id = self.add_request(prompt, p)
-                budget[request_id] = min(p.max_tokens, self.config.engine.max_model_len - len(prompt))
+                prompt_len = len(self._live[request_id].prompt)
+                budget[request_id] = min(p.max_tokens, self.config.engine.max_model_len - prompt_len)
             except ValueError as e:
                 request_id = self._new_id()
                 prompt_ids = plain_token_ids(prompt)

@@ -206,3 +206,14 @@ def test_abort_frees_the_blocks_at_once_and_ends_the_request(make_runtime, tiny_
     alone = make_runtime(tiny_checkpoint).generate([[9, 8, 7]], params)[0]
     assert finished[kept].token_ids == alone.token_ids
     assert len(rt.scheduler.blocks.free) == total
+
+
+def test_text_and_chat_prompts_go_through_the_tokenizer(make_runtime):
+    rt = make_runtime()  # configs/tiny.yaml: Qwen3's vocabulary and tokenizer
+    chat = [{"role": "user", "content": "What is 2+2?"}]
+    ids = [rt.tokenizer.encode("What is 2+2?"), rt.tokenizer.encode(rt.tokenizer.apply_chat_template(chat))]
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    by_text = rt.generate(["What is 2+2?", chat, ""], params)
+    assert [out.prompt_token_ids for out in by_text[:2]] == ids
+    assert [out.token_ids for out in by_text[:2]] == [out.token_ids for out in rt.generate(ids, params)]
+    assert by_text[2].error == "prompt is empty: a request needs at least one prompt token id"
