@@ -127,11 +127,21 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
 
+    def check_content(self, i: int) -> None:
+        """Content parts must be text: this model reads nothing else (images, audio, files)."""
+        for j, part in enumerate(self.content if isinstance(self.content, list) else ()):
+            if part.get("type") != "text":
+                param = f"messages[{i}].content[{j}].type"
+                raise refused(param, f"{param} {part.get('type')!r} is not supported: only 'text' content parts are")
+            if not isinstance(part.get("text"), str):
+                param = f"messages[{i}].content[{j}].text"
+                raise refused(param, f"{param} must be a string")
+
     def as_template_input(self) -> dict[str, Any]:
-        """The message for the chat template: content parts of type text joined into one string."""
+        """The message for the chat template: its text parts joined with newlines, as vLLM does."""
         msg = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
-            msg["content"] = "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+            msg["content"] = "\n".join(p["text"] for p in self.content)
         return msg
 
 
@@ -145,6 +155,12 @@ class ChatCompletionRequest(_Request):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_messages(self) -> ChatCompletionRequest:
+        for i, m in enumerate(self.messages):
+            m.check_content(i)
+        return self
 
 
 _Request.model_rebuild()

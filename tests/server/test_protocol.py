@@ -1,5 +1,5 @@
 """What the server refuses and what it lets through: unsupported sampling fields (a 400 unless off), metadata and
-unknown fields (accepted)."""
+unknown fields (accepted), chat content as a list of parts (text joined, anything else a 400)."""
 
 import logging
 
@@ -79,3 +79,24 @@ def test_unknown_field_is_logged_once(caplog):
     assert [r.getMessage() for r in caplog.records] == [
         "request field 'some_vendor_field' is not part of OpenAI's API: ignored"
     ]
+
+
+def test_chat_text_parts_are_joined_with_newlines(client):
+    args = dict(model="tiny", max_tokens=5, temperature=0)
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]
+    joined = client.chat.completions.create(messages=[{"role": "user", "content": "Hello\nthere"}], **args)
+    as_parts = client.chat.completions.create(messages=[{"role": "user", "content": parts}], **args)
+    assert as_parts.choices[0].message.content == joined.choices[0].message.content
+    assert as_parts.usage.prompt_tokens == joined.usage.prompt_tokens
+
+
+def test_chat_non_text_part_is_400_naming_it(client):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]},
+    ]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    error = info.value.body
+    assert error["param"] == "messages[1].content[1].type" and "image_url" in error["message"], error
