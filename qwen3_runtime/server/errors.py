@@ -36,9 +36,13 @@ def engine_unavailable() -> APIError:
 
 
 def validation_error(errors: list[dict]) -> APIError:
-    """Pydantic's first error, with its field path (body.messages.0.role -> messages.0.role)."""
+    """Pydantic's first error, with its field path (body.messages.0.role -> messages[0].role); an error raised by
+    protocol.refused names its field in its context and says it in its message."""
     first = errors[0]
-    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = first.get("ctx", {}).get("param")
+    if param is not None:
+        return APIError(str(first.get("msg")), param)
     # A union's failed branch adds its type to the path (prompt.list[int].0): keep the field names only.
-    param = ".".join(p for p in loc if "[" not in p and p not in ("str", "int", "list", "dict")) or None
-    return APIError(f"{param}: {first.get('msg')}" if param else str(first.get("msg")), param)
+    names = [p for p in first.get("loc", ()) if p != "body" and p not in ("str", "int", "list", "dict")]
+    param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in names if "[" not in str(p)).lstrip(".")
+    return APIError(f"{param}: {first.get('msg')}" if param else str(first.get("msg")), param or None)

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from starlette.datastructures import Headers
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from qwen3_runtime.server.chat import create_chat_completion
 from qwen3_runtime.server.completions import create_completion
@@ -18,6 +21,8 @@ from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionReque
 from qwen3_runtime.server.state import ServerState
 
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (load balancers probe it)
+DISCONNECT_POLL_S = 0.2
+CLIENT_CLOSED = 499  # nginx's status for a request whose client went away (nobody reads it)
 
 
 def build_app(state: ServerState, api_key: str | None = None) -> FastAPI:
@@ -31,7 +36,7 @@ def build_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     app.state.server = state
     _add_errors(app)
     if api_key is not None:
-        _add_api_key(app, api_key)
+        app.add_middleware(APIKeyMiddleware, api_key=api_key)
     _add_routes(app, state)
     return app
 
@@ -52,14 +57,32 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         return {"object": "list", "data": [{**card, "max_model_len": state.limits.max_model_len}]}
 
     @app.post("/v1/completions")
-    async def completions(req: CompletionRequest) -> Response:
+    async def completions(req: CompletionRequest, request: Request) -> Response:
         _check_engine(state)
-        return await create_completion(req, state)
+        return await _unless_disconnected(request, create_completion(req, state))
 
     @app.post("/v1/chat/completions")
-    async def chat(req: ChatCompletionRequest) -> Response:
+    async def chat(req: ChatCompletionRequest, request: Request) -> Response:
         _check_engine(state)
-        return await create_chat_completion(req, state)
+        return await _unless_disconnected(request, create_chat_completion(req, state))
+
+
+async def _unless_disconnected(request: Request, work: Awaitable[Response]) -> Response:
+    """`work` as a task, cancelled when the client disconnects: a response that is not streamed would otherwise
+    generate to its end for nobody. Cancelling Generation.complete aborts its engine requests (streamed ones are
+    aborted by sse.py once their response is returned)."""
+    task = asyncio.ensure_future(work)
+    try:
+        while not task.done():
+            await asyncio.wait({task}, timeout=DISCONNECT_POLL_S)
+            if not task.done() and await request.is_disconnected():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                return Response(status_code=CLIENT_CLOSED)
+        return task.result()
+    finally:
+        task.cancel()  # a no-op once done; else this handler itself was cancelled (shutdown)
 
 
 def _check_engine(state: ServerState) -> None:
@@ -77,14 +100,18 @@ def _add_errors(app: FastAPI) -> None:
         return validation_error(list(e.errors())).response()
 
 
-def _add_api_key(app: FastAPI, api_key: str) -> None:
-    expected = f"Bearer {api_key}".encode()
+class APIKeyMiddleware:
+    """A 401 for a request without `Bearer <api_key>`. Plain ASGI, not @app.middleware("http"): Starlette's
+    BaseHTTPMiddleware hides the client's disconnect from Request.is_disconnected, which _unless_disconnected
+    relies on."""
 
-    @app.middleware("http")
-    async def check_key(request: Request, call_next):
-        if request.url.path not in OPEN_PATHS:
-            given = request.headers.get("authorization", "").encode()
-            if not secrets.compare_digest(given, expected):
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app, self.expected = app, f"Bearer {api_key}".encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+            given = Headers(scope=scope).get("authorization", "").encode()
+            if not secrets.compare_digest(given, self.expected):
                 error = APIError("invalid or missing API key", status=401, kind="AuthenticationError")
-                return error.response()
-        return await call_next(request)
+                return await error.response()(scope, receive, send)
+        await self.app(scope, receive, send)

@@ -1,16 +1,76 @@
 """The OpenAI request bodies (pydantic). Types and ranges are checked here (a 400 naming the field); limits that
-only the model knows (vocabulary, max_model_len, max_logprobs) are checked by params.check_request."""
+only the model knows (vocabulary, max_model_len, max_logprobs) are checked by params.check_request.
+
+A field that would change the output but that this server does not implement is refused (a 400 naming it)
+unless it holds its "off" value, which many clients send by default: silently ignoring it would return an answer
+the client did not ask for. Fields OpenAI's API does not know are ignored with a warning, as vLLM does."""
 
 from __future__ import annotations
 
-from typing import Any
+import json
+import logging
+from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic_core import PydanticCustomError
+
+log = logging.getLogger(__name__)
+
+SAME_AS_N = object()  # in an "off" tuple: the request's own n (best_of = n picks nothing)
+
+# field -> its "off" values. OpenAI's fields and vLLM's sampling extensions; for both endpoints.
+UNSUPPORTED: dict[str, tuple] = {
+    "presence_penalty": (None, 0),
+    "frequency_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "repetition_penalty": (None, 1),
+    "min_p": (None, 0),
+    "min_tokens": (None, 0),
+    "length_penalty": (None, 1),
+    "use_beam_search": (None, False),
+    "include_stop_str_in_output": (None, False),
+    "allowed_token_ids": (None,),
+    "bad_words": (None, []),
+    "structured_outputs": (None,),
+    "guided_json": (None,),
+    "guided_regex": (None,),
+    "guided_choice": (None,),
+    "guided_grammar": (None,),
+    "truncate_prompt_tokens": (None,),
+}
+UNSUPPORTED_COMPLETION = {**UNSUPPORTED, "suffix": (None, ""), "best_of": (None, SAME_AS_N)}
+UNSUPPORTED_CHAT = {
+    **UNSUPPORTED,
+    "tools": (None, []),
+    "tool_choice": (None, "none", "auto"),  # with no tools (any are refused), "auto" calls none
+    "functions": (None, []),
+    "function_call": (None, "none", "auto"),
+    "response_format": (None, {"type": "text"}),
+    "modalities": (None, ["text"]),
+    "audio": (None,),
+    "prediction": (None,),
+    "reasoning_effort": (None,),
+    "web_search_options": (None,),
+    "verbosity": (None,),
+    "prompt_logprobs": (None,),  # vLLM's; implemented for completions only
+    "echo": (None, False),
+    "continue_final_message": (None, False),
+    "chat_template": (None,),
+}
+# Known to OpenAI's API, and no effect on the output: accepted without a word.
+METADATA = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key"})
+_warned: set[str] = set()
+_MAX_WARNED = 1000  # a client inventing names cannot grow this (or the log) without bound
+
+
+def refused(param: str, message: str) -> PydanticCustomError:
+    """A validation error whose 400 names `param` (errors.validation_error reads it from the context)."""
+    return PydanticCustomError("unsupported", message, {"param": param})
 
 
 class _Request(BaseModel):
-    # Unknown fields (user, presence_penalty, ...) are accepted and ignored, as OpenAI's SDKs may send them.
     model_config = ConfigDict(extra="ignore")
+    unsupported: ClassVar[dict[str, tuple]] = UNSUPPORTED
 
     model: str | None = None
     temperature: float = Field(1.0, ge=0)
@@ -24,6 +84,24 @@ class _Request(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _check_extra_fields(cls, data: Any) -> Any:
+        """Refuse an unsupported field that is not off; warn once about a field OpenAI's API does not know."""
+        if not isinstance(data, dict):
+            return data
+        for name, value in data.items():
+            if name in cls.unsupported:
+                off = [data.get("n", 1) if v is SAME_AS_N else v for v in cls.unsupported[name]]
+                if value not in off:
+                    accepted = " or ".join("n" if v is SAME_AS_N else json.dumps(v) for v in cls.unsupported[name])
+                    raise refused(name, f"{name} is not supported by this server (accepted only when off: {accepted})")
+            elif name not in cls.model_fields and name not in METADATA and name not in _warned:
+                if len(_warned) < _MAX_WARNED:
+                    _warned.add(name)
+                    log.warning("request field %r is not part of OpenAI's API: ignored", name)
+        return data
+
     def stop_strings(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
         return [s for s in stops if s]
@@ -34,6 +112,8 @@ class StreamOptions(BaseModel):
 
 
 class CompletionRequest(_Request):
+    unsupported: ClassVar[dict[str, tuple]] = UNSUPPORTED_COMPLETION
+
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)
     logprobs: int | None = Field(None, ge=0)
@@ -47,15 +127,27 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
 
+    def check_content(self, i: int) -> None:
+        """Content parts must be text: this model reads nothing else (images, audio, files)."""
+        for j, part in enumerate(self.content if isinstance(self.content, list) else ()):
+            if part.get("type") != "text":
+                param = f"messages[{i}].content[{j}].type"
+                raise refused(param, f"{param} {part.get('type')!r} is not supported: only 'text' content parts are")
+            if not isinstance(part.get("text"), str):
+                param = f"messages[{i}].content[{j}].text"
+                raise refused(param, f"{param} must be a string")
+
     def as_template_input(self) -> dict[str, Any]:
-        """The message for the chat template: content parts of type text joined into one string."""
+        """The message for the chat template: its text parts joined with newlines, as vLLM does."""
         msg = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
-            msg["content"] = "".join(p.get("text", "") for p in self.content if p.get("type") == "text")
+            msg["content"] = "\n".join(p["text"] for p in self.content)
         return msg
 
 
 class ChatCompletionRequest(_Request):
+    unsupported: ClassVar[dict[str, tuple]] = UNSUPPORTED_CHAT
+
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
@@ -63,6 +155,12 @@ class ChatCompletionRequest(_Request):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _check_messages(self) -> ChatCompletionRequest:
+        for i, m in enumerate(self.messages):
+            m.check_content(i)
+        return self
 
 
 _Request.model_rebuild()

@@ -160,8 +160,24 @@ def test_disconnect_mid_stream_aborts_the_request(base_url, api_key, metric):
         lines = resp.iter_lines()
         first = next(line for line in lines if line.startswith("data: "))
         assert json.loads(first[6:])["choices"]
+    wait_aborted(metric, aborted)
+
+
+@pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
+def test_disconnect_before_a_whole_response_aborts_the_request(base_url, api_key, metric, path):
+    aborted = metric("qwen3_runtime_requests_aborted_total")
+    body = {"max_tokens": 230, "ignore_eos": True, "temperature": 0}
+    body.update({"prompt": PROMPT} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "Hi"}]})
+    headers = {"Authorization": f"Bearer {api_key}"}
+    with pytest.raises(httpx.ReadTimeout):  # the client gives up long before 230 tokens
+        httpx.post(f"{base_url}{path}", json=body, headers=headers, timeout=0.3)
+    wait_aborted(metric, aborted)
+
+
+def wait_aborted(metric, aborted_before: float) -> None:
+    """The server counts one more aborted request, and none runs any more."""
     deadline = time.monotonic() + 20
-    while metric("qwen3_runtime_requests_aborted_total") == aborted:
+    while metric("qwen3_runtime_requests_aborted_total") == aborted_before:
         assert time.monotonic() < deadline, "the request was not aborted"
         time.sleep(0.1)
     assert metric("qwen3_runtime_num_requests_running") == 0

@@ -1,0 +1,102 @@
+"""What the server refuses and what it lets through: unsupported sampling fields (a 400 unless off), metadata and
+unknown fields (accepted), chat content as a list of parts (text joined, anything else a 400)."""
+
+import logging
+
+import openai
+import pytest
+
+from qwen3_runtime.server.protocol import CompletionRequest
+
+COMPLETION = ("/v1/completions", {"prompt": "The capital of France is"})
+CHAT = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+
+
+@pytest.mark.parametrize(
+    "endpoint, field, value",
+    [
+        (COMPLETION, "presence_penalty", 0.5),
+        (CHAT, "frequency_penalty", -1.0),
+        (COMPLETION, "logit_bias", {"42": 100}),
+        (CHAT, "logit_bias", {"42": -100}),
+        (COMPLETION, "best_of", 2),
+        (COMPLETION, "suffix", "!"),
+        (CHAT, "tools", [TOOL]),
+        (CHAT, "tool_choice", "required"),
+        (CHAT, "response_format", {"type": "json_object"}),
+        (CHAT, "repetition_penalty", 1.3),
+        (COMPLETION, "min_p", 0.1),
+        (CHAT, "min_tokens", 4),
+    ],
+)
+def test_unsupported_field_is_400_naming_it(http, endpoint, field, value):
+    path, body = endpoint
+    resp = http.post(path, json={**body, "max_tokens": 2, field: value})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["param"] == field and "not supported" in error["message"], error
+
+
+def test_unsupported_field_through_the_openai_client(client):
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, presence_penalty=1.0
+        )
+    assert info.value.body["param"] == "presence_penalty"
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETION, CHAT], ids=["completions", "chat"])
+def test_off_values_metadata_and_unknown_fields_change_nothing(http, endpoint):
+    path, body = endpoint
+    base = {**body, "max_tokens": 5, "temperature": 0}
+    extras = {
+        "presence_penalty": 0.0,
+        "frequency_penalty": 0,
+        "logit_bias": {},
+        "repetition_penalty": None,
+        "min_p": 0.0,
+        "min_tokens": 0,
+        "user": "someone",
+        "metadata": {"k": "v"},
+        "service_tier": "auto",
+        "stream_options": {"include_usage": True},
+        "not_an_openai_field": 1,
+    }
+    if path == "/v1/completions":
+        extras.update(best_of=1, suffix=None)
+    else:
+        extras.update(response_format={"type": "text"}, tool_choice="none", tools=[], parallel_tool_calls=False)
+    plain, with_extras = http.post(path, json=base), http.post(path, json={**base, **extras})
+    assert with_extras.status_code == 200, with_extras.text
+    assert with_extras.json()["choices"] == plain.json()["choices"]
+
+
+def test_unknown_field_is_logged_once(caplog):
+    with caplog.at_level(logging.WARNING, logger="qwen3_runtime.server.protocol"):
+        CompletionRequest(prompt="x", some_vendor_field=1)
+        CompletionRequest(prompt="x", some_vendor_field=2)
+    assert [r.getMessage() for r in caplog.records] == [
+        "request field 'some_vendor_field' is not part of OpenAI's API: ignored"
+    ]
+
+
+def test_chat_text_parts_are_joined_with_newlines(client):
+    args = dict(model="tiny", max_tokens=5, temperature=0)
+    parts = [{"type": "text", "text": "Hello"}, {"type": "text", "text": "there"}]
+    joined = client.chat.completions.create(messages=[{"role": "user", "content": "Hello\nthere"}], **args)
+    as_parts = client.chat.completions.create(messages=[{"role": "user", "content": parts}], **args)
+    assert as_parts.choices[0].message.content == joined.choices[0].message.content
+    assert as_parts.usage.prompt_tokens == joined.usage.prompt_tokens
+
+
+def test_chat_non_text_part_is_400_naming_it(client):
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    messages = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": [{"type": "text", "text": "What is this?"}, image]},
+    ]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=2)
+    error = info.value.body
+    assert error["param"] == "messages[1].content[1].type" and "image_url" in error["message"], error
