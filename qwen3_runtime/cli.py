@@ -18,10 +18,11 @@ from qwen3_runtime.logprobs import TokenLogprob
 from qwen3_runtime.request import RequestOutput
 from qwen3_runtime.runtime import Runtime
 from qwen3_runtime.tokenizer import Tokenizer
+from qwen3_runtime.tokenizer.chat_template import ChatTemplateError
 
-# What a user's mistake raises (a config key, a checkpoint file or tensor): printed as `error: ...`, exit 2.
-# Anything else is a bug and keeps its traceback.
-USER_ERRORS = (ConfigError, CheckpointError)
+# What a user's mistake raises (a config key, a checkpoint file or tensor, a chat message the template refuses):
+# printed as `error: ...`, exit 2. Anything else is a bug and keeps its traceback.
+USER_ERRORS = (ConfigError, CheckpointError, ChatTemplateError)
 
 
 def main(argv: list[str] | None = None) -> int:

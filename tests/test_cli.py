@@ -39,6 +39,17 @@ def _config_json(tiny_checkpoint, **edits):
     return json.dumps({k: v for k, v in config.items() if v is not None})
 
 
+def _tokenizer_without_template(tmp_path):
+    """A tokenizer directory (the built-in tokenizer's tokenizer.json) whose config has no chat template."""
+    from qwen3_runtime.tokenizer import Tokenizer
+
+    path = tmp_path / "tokenizer"
+    path.mkdir()
+    Tokenizer.builtin_qwen3().hf_tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text("{}")
+    return path
+
+
 @pytest.mark.parametrize(
     "case, words",
     [
@@ -54,6 +65,8 @@ def _config_json(tiny_checkpoint, **edits):
         ("config_json_wrong_type", ["config.json", "hidden_size='64'", "expected an integer"]),
         ("prompt_ids", ["--prompt-ids '1,,2'", "entry 1 is empty"]),
         ("set_yaml", ["--set", "not valid YAML"]),
+        ("no_tokenizer", ["model.tokenizer=", "tokenizer.json", "not found"]),
+        ("no_chat_template", ["no chat template"]),
     ],
 )
 def test_user_errors_are_one_line_and_exit_2(case, words, capsys, monkeypatch, tmp_path, tiny_checkpoint):
@@ -78,6 +91,13 @@ def test_user_errors_are_one_line_and_exit_2(case, words, capsys, monkeypatch, t
         "config_json_wrong_type": lambda: ckpt("config.json", _config_json(tiny_checkpoint, hidden_size="64")),
         "prompt_ids": lambda: ["--prompt-ids", "1,,2"],
         "set_yaml": lambda: ["--set", "generate.prompts=[[1,"],
+        "no_tokenizer": lambda: [*ckpt(), "--prompt", "hi"],
+        "no_chat_template": lambda: [
+            "--set",
+            f"model.tokenizer={_tokenizer_without_template(tmp_path)}",
+            "--chat",
+            "hi",
+        ],
     }[case]()
     rc, out, err = _run(capsys, *args)
     assert rc == 2 and err.startswith("error: ") and "Traceback" not in err and err.count("\n") == 1, err

@@ -42,7 +42,7 @@ QWEN3_CHATML_TEMPLATE = (
 
 
 class ChatTemplateError(ValueError):
-    """A template called raise_exception, or failed to render."""
+    """No template, a template that called raise_exception, or one that failed to render."""
 
 
 def _raise_exception(message: str) -> None:

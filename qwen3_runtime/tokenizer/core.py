@@ -10,7 +10,7 @@ import tokenizers
 
 from qwen3_runtime.config import ConfigError, ModelConfig
 from qwen3_runtime.tokenizer.builtin import _unicode_to_bytes, load_builtin_qwen3_hf_tokenizer
-from qwen3_runtime.tokenizer.chat_template import QWEN3_CHATML_TEMPLATE, compile_template, render
+from qwen3_runtime.tokenizer.chat_template import QWEN3_CHATML_TEMPLATE, ChatTemplateError, compile_template, render
 from qwen3_runtime.tokenizer.checkpoint import read_checkpoint_tokenizer
 
 
@@ -115,7 +115,7 @@ class Tokenizer:
     ) -> str:
         """Render a conversation to the prompt text; extra kwargs (e.g. enable_thinking=False) reach the template."""
         if self.chat_template is None:
-            raise ValueError("this tokenizer has no chat template (tokenizer_config.json has no chat_template)")
+            raise ChatTemplateError("this tokenizer has no chat template (tokenizer_config.json has no chat_template)")
         context = {**self.special_tokens_map, **kwargs}
         return render(self.chat_template, messages, add_generation_prompt, **context)
 
