@@ -94,6 +94,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (all but /health)")
+    serve.add_argument(
+        "--max-request-bytes", type=int, default=4 << 20, help="a larger request body is a 413; default: 4 MiB"
+    )
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -102,7 +105,8 @@ def _serve(args: argparse.Namespace) -> int:
     from qwen3_runtime.server.launch import serve  # FastAPI and uvicorn only for this command
 
     try:
-        serve(args.config, dict(parse_override(s) for s in args.set), args.host, args.port, args.api_key)
+        overrides = dict(parse_override(s) for s in args.set)
+        serve(args.config, overrides, args.host, args.port, args.api_key, args.max_request_bytes)
     except (*USER_ERRORS, EngineStartError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

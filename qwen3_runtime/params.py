@@ -94,6 +94,8 @@ def check_request(prompt: object, params: object, limits: RequestLimits) -> tupl
             f"prompt has {len(prompt)} tokens: it must be at most engine.max_model_len={limits.max_model_len}"
         )
     check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
+    if params.top_k >= vocab:  # keeps every token, as -1 does; and fits the step's int64 table however large
+        params.top_k = -1
     for name in ("logprobs", "prompt_logprobs"):
         value = getattr(params, name)
         if value is None:

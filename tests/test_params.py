@@ -142,3 +142,10 @@ def test_submission_checks_the_model_limits_and_returns_a_checked_copy():
     assert params == SamplingParams(max_tokens=5, stop_token_ids=[3]) and type(params.max_tokens) is int
     mine.stop_token_ids.append(4)  # later changes to the caller's object do not reach the request
     assert params is not mine and params.stop_token_ids == [3]
+
+
+def test_top_k_at_or_above_the_vocabulary_is_off():
+    """A huge top_k keeps every token, as -1 does; left as it was it overflowed the step's int64 table."""
+    for top_k in (512, 10**30):
+        assert check_request([1], SamplingParams(top_k=top_k), LIMITS)[1].top_k == -1
+    assert check_request([1], SamplingParams(top_k=511), LIMITS)[1].top_k == 511

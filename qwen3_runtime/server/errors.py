@@ -37,11 +37,17 @@ def engine_unavailable() -> APIError:
 
 def validation_error(errors: list[dict]) -> APIError:
     """Pydantic's first error, with its field path (body.messages.0.role -> messages[0].role); an error raised by
-    protocol.refused names its field in its context and says it in its message."""
+    protocol.refused names its field in its context and says it in its message. An error about the body as a
+    whole (not JSON, not an object) names no field: its param is null."""
     first = errors[0]
-    param = first.get("ctx", {}).get("param")
-    if param is not None:
-        return APIError(str(first.get("msg")), param)
+    ctx = first.get("ctx", {})
+    if "param" in ctx:  # protocol.refused: "" when it is about no one field
+        return APIError(str(first.get("msg")), ctx["param"] or None)
+    if first.get("type") == "json_invalid":  # loc is ("body", character): no field to name
+        where = first["loc"][-1]
+        return APIError(f"the request body is not valid JSON: {first['ctx']['error']} at character {where}")
+    if tuple(first.get("loc", ())) == ("body",):  # missing, or not an object (a list, or not sent as JSON)
+        return APIError(f"the request body must be a JSON object with Content-Type: application/json ({first['msg']})")
     # A union's failed branch adds its type to the path (prompt.list[int].0): keep the field names only.
     names = [p for p in first.get("loc", ()) if p != "body" and p not in ("str", "int", "list", "dict")]
     param = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in names if "[" not in str(p)).lstrip(".")

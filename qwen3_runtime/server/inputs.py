@@ -53,7 +53,8 @@ def chat_inputs(req: ChatCompletionRequest, tok: Tokenizer, limits: RequestLimit
     prompt = tok.encode(text)
     max_tokens = req.max_completion_tokens or req.max_tokens or max(limits.max_model_len - len(prompt), 1)
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return _expand(req, [prompt], dict(max_tokens=max_tokens, logprobs=logprobs), limits, {"logprobs": "top_logprobs"})
+    rename = {"logprobs": "top_logprobs", "prompt": "messages"}  # chat's names for what the runtime checks
+    return _expand(req, [prompt], dict(max_tokens=max_tokens, logprobs=logprobs), limits, rename)
 
 
 def _expand(

@@ -10,6 +10,7 @@ import uvicorn
 
 from qwen3_runtime.config import load_config
 from qwen3_runtime.params import RequestLimits
+from qwen3_runtime.server.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from qwen3_runtime.server.engine_client import EngineClient
 from qwen3_runtime.server.metrics import ServerMetrics
 from qwen3_runtime.server.openai_api import build_app
@@ -19,7 +20,14 @@ from qwen3_runtime.tokenizer import load_tokenizer
 log = logging.getLogger("qwen3_runtime.server")
 
 
-def serve(config: str, overrides: dict[str, Any], host: str, port: int, api_key: str | None = None) -> None:
+def serve(
+    config: str,
+    overrides: dict[str, Any],
+    host: str,
+    port: int,
+    api_key: str | None = None,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+) -> None:
     """Raises ConfigError for a bad config, EngineStartError when the engine cannot build the Runtime."""
     tokenizer = load_tokenizer(load_config(config, overrides).model)  # checks the config before a spawn
     metrics = ServerMetrics()
@@ -34,6 +42,6 @@ def serve(config: str, overrides: dict[str, Any], host: str, port: int, api_key:
         metrics,
     )
     try:
-        uvicorn.run(build_app(state, api_key), host=host, port=port, log_level="info")
+        uvicorn.run(build_app(state, api_key, max_request_bytes), host=host, port=port, log_level="info")
     finally:
         client.shutdown()

@@ -12,8 +12,10 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from qwen3_runtime.server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimitMiddleware
 from qwen3_runtime.server.chat import create_chat_completion
 from qwen3_runtime.server.completions import create_completion
 from qwen3_runtime.server.errors import APIError, engine_unavailable, validation_error
@@ -25,7 +27,9 @@ DISCONNECT_POLL_S = 0.2
 CLIENT_CLOSED = 499  # nginx's status for a request whose client went away (nobody reads it)
 
 
-def build_app(state: ServerState, api_key: str | None = None) -> FastAPI:
+def build_app(
+    state: ServerState, api_key: str | None = None, max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES
+) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         state.client.attach(asyncio.get_running_loop())
@@ -35,7 +39,8 @@ def build_app(state: ServerState, api_key: str | None = None) -> FastAPI:
     app = FastAPI(title="qwen3_runtime", lifespan=lifespan)
     app.state.server = state
     _add_errors(app)
-    if api_key is not None:
+    app.add_middleware(BodyLimitMiddleware, max_bytes=max_request_bytes)
+    if api_key is not None:  # added last, so it runs first: no body is read for a client without the key
         app.add_middleware(APIKeyMiddleware, api_key=api_key)
     _add_routes(app, state)
     return app
@@ -98,6 +103,12 @@ def _add_errors(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def invalid(_: Request, e: RequestValidationError) -> JSONResponse:
         return validation_error(list(e.errors())).response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(_: Request, e: HTTPException) -> JSONResponse:
+        """Starlette's own errors (404, 405, a body FastAPI could not parse) in OpenAI's shape too."""
+        kind = "BadRequestError" if e.status_code == 400 else "NotFoundError" if e.status_code == 404 else "APIError"
+        return APIError(str(e.detail), status=e.status_code, kind=kind).response()
 
 
 class APIKeyMiddleware:

@@ -68,6 +68,31 @@ def refused(param: str, message: str) -> PydanticCustomError:
     return PydanticCustomError("unsupported", message, {"param": param})
 
 
+def unpaired_surrogate(body: dict) -> str | None:
+    """The path of the first string holding a lone surrogate (JSON's "\\ud800" decodes to one; "" for a top-level
+    field name), None when there is none: the tokenizer and the UTF-8 response cannot take one. A loop, not
+    recursion: the body may nest as deep as the JSON parser allowed."""
+    todo: list[tuple[str, Any]] = [("", body)]
+    while todo:
+        path, value = todo.pop()
+        if isinstance(value, str) and not _is_unicode(value):
+            return path
+        items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+        for key, item in items:
+            if isinstance(key, str) and not _is_unicode(key):
+                return path  # the object holding it: the key itself cannot be written out
+            todo.append((f"{path}.{key}".lstrip(".") if isinstance(key, str) else f"{path}[{key}]", item))
+    return None
+
+
+def _is_unicode(text: str) -> bool:
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="ignore")
     unsupported: ClassVar[dict[str, tuple]] = UNSUPPORTED
@@ -90,6 +115,10 @@ class _Request(BaseModel):
         """Refuse an unsupported field that is not off; warn once about a field OpenAI's API does not know."""
         if not isinstance(data, dict):
             return data
+        bad = unpaired_surrogate(data)
+        if bad is not None:
+            where = bad or "a field name"
+            raise refused(bad, f"{where} is not valid Unicode: it holds an unpaired surrogate (e.g. \\ud800)")
         for name, value in data.items():
             if name in cls.unsupported:
                 off = [data.get("n", 1) if v is SAME_AS_N else v for v in cls.unsupported[name]]
