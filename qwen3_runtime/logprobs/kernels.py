@@ -105,23 +105,9 @@ def _compact(chosen, v, ids, n, scratch_ptr, C: tl.constexpr):
 
 
 @triton.jit
-def _top_k_store(
-    block_max,
-    blk,
-    row_ptr,
-    scratch_ptr,
-    k,
-    vocab,
-    n_blocks,
-    lse,
-    ids_out,
-    lp_out,
-    BLOCK: tl.constexpr,
-    GROUPS_PAD: tl.constexpr,
-    GROUP: tl.constexpr,
-    K_PAD: tl.constexpr,
-    C: tl.constexpr,
-):
+def _top_k_store(block_max, blk, row_ptr, scratch_ptr, k, vocab, n_blocks, lse, ids_out, lp_out,
+                 BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, GROUP: tl.constexpr,
+                 K_PAD: tl.constexpr, C: tl.constexpr):  # fmt: skip
     """Store the row's k (>= 1) largest elements at ids_out / lp_out[0, k), value descending, id ascending.
 
     `block_max` is the [GROUPS_PAD, GROUP] tile of block maxima, `blk` their block ids.
@@ -137,43 +123,14 @@ def _top_k_store(
         tl.store(ids_out, tl.min(tl.where((ids < vocab) & (x == best), ids, vocab), axis=0))
         tl.store(lp_out, tl.where(best == 0.0, 0.0, best) - lse)
     else:
-        _top_k_store_many(
-            block_max,
-            blk,
-            real,
-            row_ptr,
-            scratch_ptr,
-            k,
-            vocab,
-            lse,
-            ids_out,
-            lp_out,
-            BLOCK,
-            GROUPS_PAD,
-            GROUP,
-            K_PAD,
-            C,
-        )
+        _top_k_store_many(block_max, blk, real, row_ptr, scratch_ptr, k, vocab, lse, ids_out, lp_out,
+                          BLOCK, GROUPS_PAD, GROUP, K_PAD, C)  # fmt: skip
 
 
 @triton.jit
-def _top_k_store_many(
-    block_max,
-    blk,
-    real,
-    row_ptr,
-    scratch_ptr,
-    k,
-    vocab,
-    lse,
-    ids_out,
-    lp_out,
-    BLOCK: tl.constexpr,
-    GROUPS_PAD: tl.constexpr,
-    GROUP: tl.constexpr,
-    K_PAD: tl.constexpr,
-    C: tl.constexpr,
-):
+def _top_k_store_many(block_max, blk, real, row_ptr, scratch_ptr, k, vocab, lse, ids_out, lp_out,
+                      BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, GROUP: tl.constexpr,
+                      K_PAD: tl.constexpr, C: tl.constexpr):  # fmt: skip
     pos = tl.arange(0, K_PAD)
     # Phase 1: the k blocks of largest (maximum, -block id), and t2, the smallest of their maxima.
     t1 = _kth_largest_value(tl.max(block_max, axis=1), k)
@@ -224,22 +181,9 @@ def _pairwise_sum(x, LOG_N: tl.constexpr):
 
 
 @triton.jit
-def _finish_row(
-    row,
-    row64,
-    token_ok,
-    target,
-    chunk_max_ptr,
-    chunk_sumexp_ptr,
-    chunk_ahead_ptr,
-    n_chunks,
-    logprob_ptr,
-    rank_ptr,
-    lse_ptr,
-    status_ptr,
-    CHUNKS_PAD: tl.constexpr,
-    LOG_CHUNKS: tl.constexpr,
-):
+def _finish_row(row, row64, token_ok, target, chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr, n_chunks,
+                logprob_ptr, rank_ptr, lse_ptr, status_ptr,
+                CHUNKS_PAD: tl.constexpr, LOG_CHUNKS: tl.constexpr):  # fmt: skip
     """Merge the row's chunk statistics in a fixed order; store status, logsumexp, logprob and rank.
     Returns (lse, invalid)."""
     c = tl.arange(0, CHUNKS_PAD)
@@ -261,26 +205,11 @@ def _finish_row(
 
 
 @triton.jit
-def chunk_stats_kernel(
-    logits_ptr,
-    row_stride,
-    token_ptr,
-    num_top_ptr,
-    row_mask_ptr,
-    chunk_max_ptr,
-    chunk_sumexp_ptr,
-    chunk_ahead_ptr,
-    block_max_ptr,
-    vocab,
-    n_chunks,
-    n_blocks,
-    HAS_MASK: tl.constexpr,
-    USE_PDL: tl.constexpr,
-    WAIT_PRIOR: tl.constexpr,
-    K_MAX: tl.constexpr,
-    BLOCK: tl.constexpr,
-    BLOCKS_PER_CHUNK: tl.constexpr,
-):
+def chunk_stats_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_ptr,
+                       chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr, block_max_ptr,
+                       vocab, n_chunks, n_blocks,
+                       HAS_MASK: tl.constexpr, USE_PDL: tl.constexpr, WAIT_PRIOR: tl.constexpr,
+                       K_MAX: tl.constexpr, BLOCK: tl.constexpr, BLOCKS_PER_CHUNK: tl.constexpr):  # fmt: skip
     """Stage 1, one program per (chunk, row)."""
     if USE_PDL:
         gdc_launch_dependents()  # stage 2 may start launching; it waits for this grid's results
@@ -320,38 +249,14 @@ def chunk_stats_kernel(
 
 
 @triton.jit
-def finish_rows_kernel(
-    logits_ptr,
-    row_stride,
-    token_ptr,
-    num_top_ptr,
-    row_mask_ptr,
-    chunk_max_ptr,
-    chunk_sumexp_ptr,
-    chunk_ahead_ptr,
-    block_max_ptr,
-    scratch_ptr,
-    logprob_ptr,
-    rank_ptr,
-    lse_ptr,
-    top_ids_ptr,
-    top_lp_ptr,
-    status_ptr,
-    vocab,
-    n_chunks,
-    n_blocks,
-    HAS_MASK: tl.constexpr,
-    USE_PDL: tl.constexpr,
-    K_MAX: tl.constexpr,
-    BLOCK: tl.constexpr,
-    CHUNKS_PAD: tl.constexpr,
-    LOG_CHUNKS: tl.constexpr,
-    K_PAD: tl.constexpr,
-    GROUP: tl.constexpr,
-    GROUPS_PAD: tl.constexpr,
-    CANDIDATES: tl.constexpr,
-    SCRATCH: tl.constexpr,
-):
+def finish_rows_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_ptr,
+                       chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr, block_max_ptr, scratch_ptr,
+                       logprob_ptr, rank_ptr, lse_ptr, top_ids_ptr, top_lp_ptr, status_ptr,
+                       vocab, n_chunks, n_blocks,
+                       HAS_MASK: tl.constexpr, USE_PDL: tl.constexpr, K_MAX: tl.constexpr,
+                       BLOCK: tl.constexpr, CHUNKS_PAD: tl.constexpr, LOG_CHUNKS: tl.constexpr, K_PAD: tl.constexpr,
+                       GROUP: tl.constexpr, GROUPS_PAD: tl.constexpr, CANDIDATES: tl.constexpr,
+                       SCRATCH: tl.constexpr):  # fmt: skip
     """Stage 2, one program per row: merge the row's chunks in a fixed order, write every output."""
     if USE_PDL:
         gdc_launch_dependents()  # the next call's stage 1 (pdl_first) may start; it waits for this grid
@@ -372,22 +277,9 @@ def finish_rows_kernel(
     if K_MAX > 0:  # loaded first, beside the statistics (unused, so harmless, when k = 0)
         blk = tl.arange(0, GROUPS_PAD)[:, None] * GROUP + tl.arange(0, GROUP)[None, :]
         block_max = tl.load(block_max_ptr + row64 * n_blocks + blk, mask=blk < n_blocks, other=0.0)
-    lse, invalid = _finish_row(
-        row,
-        row64,
-        token_ok,
-        target,
-        chunk_max_ptr,
-        chunk_sumexp_ptr,
-        chunk_ahead_ptr,
-        n_chunks,
-        logprob_ptr,
-        rank_ptr,
-        lse_ptr,
-        status_ptr,
-        CHUNKS_PAD,
-        LOG_CHUNKS,
-    )
+    lse, invalid = _finish_row(row, row64, token_ok, target, chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr,
+                               n_chunks, logprob_ptr, rank_ptr, lse_ptr, status_ptr,
+                               CHUNKS_PAD, LOG_CHUNKS)  # fmt: skip
 
     if K_MAX > 0:
         col = tl.arange(0, K_PAD)

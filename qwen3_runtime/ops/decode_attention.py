@@ -222,22 +222,9 @@ def _decode_attention_kernel(
 
 
 @triton.jit
-def _merge_splits(
-    partial_out,
-    partial_lse,
-    out,
-    first_head,
-    group_size,
-    used_splits,
-    head_dim,
-    stride_po_h,
-    stride_po_s,
-    stride_pl_h,
-    stride_out_h,
-    MERGE_G: tl.constexpr,
-    MERGE_S: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-):
+def _merge_splits(partial_out, partial_lse, out, first_head, group_size, used_splits, head_dim,
+                  stride_po_h, stride_po_s, stride_pl_h, stride_out_h,
+                  MERGE_G: tl.constexpr, MERGE_S: tl.constexpr, BLOCK_D: tl.constexpr):  # fmt: skip
     """out[heads] = sum_i exp2(lse_i - max) * partial_i / sum_i exp2(lse_i - max) over the used splits,
     MERGE_S of them per load (the running max rescales across loads)."""
     offs_g = tl.arange(0, MERGE_G)
@@ -389,13 +376,9 @@ def paged_decode_attention(
 
 
 def paged_decode_attention_reference(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    block_tables: torch.Tensor,
-    seq_lens: torch.Tensor,
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_tables: torch.Tensor, seq_lens: torch.Tensor,
     scale: float,
-) -> torch.Tensor:
+) -> torch.Tensor:  # fmt: skip
     """Plain PyTorch oracle: gather each row's K/V through its block table, softmax in fp32."""
     num_heads = q.shape[1]
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
