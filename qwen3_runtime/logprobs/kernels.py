@@ -205,6 +205,15 @@ def _finish_row(row, row64, token_ok, target, chunk_max_ptr, chunk_sumexp_ptr, c
 
 
 @triton.jit
+def _row_and_token(logits_ptr, row_stride, token_ptr, row, vocab):
+    """The row's index (int64), its logits, its selected token and whether that token lies in [0, vocab)."""
+    row64 = row.to(tl.int64)
+    row_ptr = logits_ptr + row64 * row_stride
+    token = tl.load(token_ptr + row)
+    return row64, row_ptr, token, (token >= 0) & (token < vocab)
+
+
+@triton.jit
 def chunk_stats_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_ptr,
                        chunk_max_ptr, chunk_sumexp_ptr, chunk_ahead_ptr, block_max_ptr,
                        vocab, n_chunks, n_blocks,
@@ -220,10 +229,7 @@ def chunk_stats_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_
     if HAS_MASK:
         if tl.load(row_mask_ptr + row) == 0:
             return
-    row64 = row.to(tl.int64)
-    row_ptr = logits_ptr + row64 * row_stride
-    token = tl.load(token_ptr + row)
-    token_ok = (token >= 0) & (token < vocab)
+    row64, row_ptr, token, token_ok = _row_and_token(logits_ptr, row_stride, token_ptr, row, vocab)
     token = tl.where(token_ok, token, 0).to(tl.int32)  # a bad token's rank is unused
     target = tl.load(row_ptr + token).to(tl.float32)
 
@@ -267,10 +273,8 @@ def finish_rows_kernel(logits_ptr, row_stride, token_ptr, num_top_ptr, row_mask_
     if HAS_MASK:
         if tl.load(row_mask_ptr + row) == 0:
             return
-    row64 = row.to(tl.int64)
-    row_ptr = logits_ptr + row64 * row_stride
-    token = tl.load(token_ptr + row).to(tl.int64)
-    token_ok = (token >= 0) & (token < vocab)
+    row64, row_ptr, token, token_ok = _row_and_token(logits_ptr, row_stride, token_ptr, row, vocab)
+    token = token.to(tl.int64)
     target = tl.load(row_ptr + tl.where(token_ok, token, 0)).to(tl.float32)
     k = tl.minimum(tl.maximum(tl.load(num_top_ptr + row).to(tl.int32), 0), tl.minimum(vocab, K_MAX))
 
