@@ -42,6 +42,7 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_size: int) -> None:
         self.block_size = block_size
+        self.num_blocks = num_blocks
         self.free: deque[int] = deque(range(num_blocks))
 
     def blocks_needed(self, req: Request) -> int:

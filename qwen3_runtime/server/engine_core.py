@@ -1,15 +1,19 @@
 """The engine process: owns the Runtime and runs its step loop, so HTTP and JSON work never delays a step.
 
 It reads AddRequest / AbortRequest messages between steps (blocking only when it has nothing to run) and sends
-one StepBatch per step that produced tokens. It exits when the API process's end of the pipe closes."""
+one StepBatch per step that produced tokens, and one (maybe empty) whenever it is idle, so /metrics shows the
+state with no request left. It exits when the API process's end of the pipe closes."""
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import traceback
 from multiprocessing.connection import Connection
 from typing import Any
+
+import torch
 
 from qwen3_runtime.request import RequestUpdate
 from qwen3_runtime.runtime import Runtime
@@ -47,6 +51,7 @@ class EngineLoop:
         self.rejected: list[RequestUpdate] = []
 
     def run(self) -> None:
+        self._publish()  # the stats before any request (/metrics' baseline)
         while self._receive(block=not self.rt.has_unfinished()):
             if self.rt.has_unfinished():
                 self.rt.step()
@@ -86,9 +91,22 @@ class EngineLoop:
             if up.finish_reason is not None:
                 del self.client_ids[up.request_id], self.engine_ids[client_id]
             updates.append(dataclasses.replace(up, request_id=client_id))
-        if updates:
+        if updates or not self.rt.has_unfinished():  # idle: the stats once it is, so /metrics is not stale
             self.outbox.send(StepBatch(updates, self._stats()))
 
     def _stats(self) -> EngineStats:
         sched = self.rt.scheduler
-        return EngineStats(len(sched.running), len(sched.waiting), self.rt.stats)
+        gpu = torch.cuda.memory_allocated(self.rt.device) if self.rt.device.type == "cuda" else 0
+        blocks = sched.blocks
+        return EngineStats(
+            len(sched.running), len(sched.waiting), self.rt.stats, len(blocks.free), blocks.num_blocks, rss_bytes(), gpu
+        )
+
+
+def rss_bytes() -> int:
+    """This process's resident memory (Linux's /proc/self/statm; 0 where there is none)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0

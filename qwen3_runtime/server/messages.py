@@ -23,11 +23,16 @@ class AbortRequest(NamedTuple):
 
 
 class EngineStats(NamedTuple):
-    """The engine's counters after a step (the scheduler's queues and Runtime.stats), for /metrics."""
+    """The engine's counters after a step (the scheduler's queues, its KV blocks, its process's memory and
+    Runtime.stats), for /metrics: with no request left, free_blocks == total_blocks (none leaked)."""
 
     running: int = 0
     waiting: int = 0
     runner: RunnerStats = RunnerStats()
+    free_blocks: int = 0
+    total_blocks: int = 0
+    rss_bytes: int = 0  # the engine process's resident memory
+    gpu_allocated_bytes: int = 0  # torch.cuda.memory_allocated (0 on the CPU)
 
 
 class StepBatch(NamedTuple):

@@ -11,6 +11,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from qwen3_runtime.request import RequestUpdate
+from qwen3_runtime.server.engine_core import rss_bytes
 from qwen3_runtime.server.messages import EngineStats
 
 if TYPE_CHECKING:
@@ -87,6 +88,19 @@ class _EngineCollector(Collector):
         r, steps = s.runner, s.runner.decode_steps + s.runner.prefill_steps
         yield GaugeMetricFamily(f"{PREFIX}_num_requests_running", "Requests the engine is decoding", value=s.running)
         yield GaugeMetricFamily(f"{PREFIX}_num_requests_waiting", "Requests waiting for admission", value=s.waiting)
+        yield GaugeMetricFamily(f"{PREFIX}_kv_blocks_free", "The engine's free KV cache blocks", value=s.free_blocks)
+        yield GaugeMetricFamily(f"{PREFIX}_kv_blocks_total", "The engine's KV cache blocks", value=s.total_blocks)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_engine_resident_memory_bytes", "The engine process's resident memory", value=s.rss_bytes
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_api_resident_memory_bytes", "The API process's resident memory", value=rss_bytes()
+        )
+        yield GaugeMetricFamily(
+            f"{PREFIX}_engine_gpu_memory_allocated_bytes",
+            "torch.cuda.memory_allocated in the engine (0 on the CPU)",
+            value=s.gpu_allocated_bytes,
+        )
         yield CounterMetricFamily(f"{PREFIX}_engine_steps", "Engine steps (prefill and decode)", value=steps)
         yield CounterMetricFamily(f"{PREFIX}_engine_d2h_copies", "Device-to-host copies", value=r.d2h_copies)
         yield CounterMetricFamily(f"{PREFIX}_engine_d2h_bytes", "Device-to-host bytes copied", value=r.d2h_bytes)

@@ -1,0 +1,33 @@
+"""scripts/soak against a real server on the tiny config (CPU) with a small KV cache, so bursts preempt: the
+short CI version of issue 38's soak. Every check must pass (the script exits 0)."""
+
+import json
+import os
+import subprocess
+import sys
+
+from tests.server.conftest import ROOT, start_server
+
+KV_BLOCKS = "engine.num_kv_blocks=32"  # 512 tokens: two requests near max_model_len (256) fill it
+
+
+def test_soak_passes(tmp_path):
+    proc, url = start_server("--set", KV_BLOCKS)
+    try:
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the server's kernels
+        out = tmp_path / "soak.json"
+        cmd = [sys.executable, "-m", "scripts.soak", "--url", url, "--set", KV_BLOCKS, "--requests", "100"]
+        cmd += ["--concurrency", "8", "--max-tokens", "4", "--burst-every", "40", "--burst-size", "4"]
+        cmd += ["--deadline", "120", "--replay-max", "30", "--replay-group", "8", "--out", str(out)]
+        run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        proc.kill()
+        proc.wait()
+    print(run.stdout)
+    assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
+    figures = json.loads(out.read_text())["figures"]
+    assert figures["requests"] >= 100
+    assert figures["leaks"]["kv_blocks_free"] == figures["leaks"]["kv_blocks_total"] == 32
+    kinds = " ".join(figures["by_kind"])
+    for kind in ("bad", "disconnect", "abort", "chat+stream", "completions+whole"):
+        assert kind in kinds, kinds
