@@ -99,8 +99,9 @@ class EngineLoop:
         gpu = torch.cuda.memory_allocated(self.rt.device) if self.rt.device.type == "cuda" else 0
         blocks = sched.blocks
         return EngineStats(
-            len(sched.running), len(sched.waiting), self.rt.stats, len(blocks.free), blocks.num_blocks, rss_bytes(), gpu
-        )
+            len(sched.running), len(sched.waiting), self.rt.stats,
+            len(blocks.free), blocks.num_blocks, rss_bytes(), gpu, sched.num_preemptions,
+        )  # fmt: skip
 
 
 def rss_bytes() -> int:

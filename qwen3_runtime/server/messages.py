@@ -33,6 +33,7 @@ class EngineStats(NamedTuple):
     total_blocks: int = 0
     rss_bytes: int = 0  # the engine process's resident memory
     gpu_allocated_bytes: int = 0  # torch.cuda.memory_allocated (0 on the CPU)
+    preemptions: int = 0  # requests preempted (freed, requeued, recomputed) so far
 
 
 class StepBatch(NamedTuple):

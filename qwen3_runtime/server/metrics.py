@@ -90,6 +90,9 @@ class _EngineCollector(Collector):
         yield GaugeMetricFamily(f"{PREFIX}_num_requests_waiting", "Requests waiting for admission", value=s.waiting)
         yield GaugeMetricFamily(f"{PREFIX}_kv_blocks_free", "The engine's free KV cache blocks", value=s.free_blocks)
         yield GaugeMetricFamily(f"{PREFIX}_kv_blocks_total", "The engine's KV cache blocks", value=s.total_blocks)
+        yield CounterMetricFamily(
+            f"{PREFIX}_num_preemptions", "Requests preempted for KV blocks and recomputed", value=s.preemptions
+        )
         yield GaugeMetricFamily(
             f"{PREFIX}_engine_resident_memory_bytes", "The engine process's resident memory", value=s.rss_bytes
         )

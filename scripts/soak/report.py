@@ -120,7 +120,8 @@ def leak_checks(before: dict, after: dict, args, checks: Checks) -> dict:
     checks.add("idle after the run", idle, f"running {after.get(P + 'num_requests_running')}")
     free, total = after.get(P + "kv_blocks_free", -1), after.get(P + "kv_blocks_total", 0)
     checks.add("KV blocks: all free (none leaked)", total > 0 and free == total, f"{free:.0f} free of {total:.0f}")
-    fig = {"kv_blocks_free": free, "kv_blocks_total": total}
+    fig = {"kv_blocks_free": free, "kv_blocks_total": total, "preemptions": after.get(P + "num_preemptions_total", 0)}
+    print(f"preemptions during the run: {fig['preemptions']:.0f}")
     for proc in ("engine", "api"):
         name = f"{P}{proc}_resident_memory_bytes"
         b, a = before.get(name, 0), after.get(name, 0)
