@@ -28,7 +28,7 @@ def test_soak_passes(tmp_path):
     figures = json.loads(out.read_text())["figures"]
     assert figures["requests"] >= 100
     assert figures["leaks"]["kv_blocks_free"] == figures["leaks"]["kv_blocks_total"] == 32
-    assert figures["leaks"]["preemptions"] >= 0  # reported (the CI version's 4-token outputs rarely preempt)
+    assert "preemptions" in figures["leaks"]  # reported; the CI version's 4-token outputs rarely preempt
     kinds = " ".join(figures["by_kind"])
     for kind in ("bad", "disconnect", "abort", "chat+stream", "completions+whole"):
         assert kind in kinds, kinds
