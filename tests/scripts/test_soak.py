@@ -1,5 +1,5 @@
-"""scripts/soak against a real server on the tiny config (CPU) with a small KV cache, so bursts preempt: the
-short CI version of issue 38's soak. Every check must pass (the script exits 0)."""
+"""scripts/soak against a real server on the tiny config (CPU) with a small KV cache, so bursts of long prompts
+outgrow it: the short CI version of issue 38's soak. Every check must pass (the script exits 0)."""
 
 import json
 import os
