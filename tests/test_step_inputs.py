@@ -6,19 +6,16 @@ GREEDY = RequestRow((-1, 9, 0, 0, 0), (0.5, 1.0))
 SAMPLED = RequestRow((40, 3, 5, 1, 1), (1.0, 0.9))
 
 
+def _fill_two_rows(host: StepInputs) -> None:
+    """Row 0 greedy, row 1 sampled and fed by row 0 of the step in flight; no padding."""
+    host.fill(2, 2, input_ids=[7, 8], positions=[5, 0], slot_mapping=[21, 33], seq_lens=[6, 1], prev_rows=[-1, 0],
+              requests={0: GREEDY, 1: SAMPLED})  # fmt: skip
+
+
 def test_rows_padding_and_copy():
     host = StepInputs.allocate(4, 3, torch.device("cpu"))
     device = StepInputs.allocate(4, 3, torch.device("cpu"))
-    host.fill(
-        2,
-        2,
-        input_ids=[7, 8],
-        positions=[5, 0],
-        slot_mapping=[21, 33],
-        seq_lens=[6, 1],
-        prev_rows=[-1, 0],
-        requests={0: GREEDY, 1: SAMPLED},
-    )
+    _fill_two_rows(host)
     assert host.top_k.tolist()[:2] == [-1, 40] and host.num_top.tolist()[:2] == [0, 5]
     assert host.top_p.tolist()[:2] == [1.0, 0.8999999761581421] and host.processed.tolist()[:2] == [0, 1]
     host.block_tables[0] = torch.tensor([2, 1, 0])
@@ -55,16 +52,7 @@ def test_seeds_keep_all_63_bits():
 def test_copy_stops_after_the_rows_block_tables():
     host, device = StepInputs.allocate(4, 3, torch.device("cpu")), StepInputs.allocate(4, 3, torch.device("cpu"))
     host.block_tables.copy_(torch.arange(12).view(4, 3))
-    host.fill(
-        2,
-        2,
-        input_ids=[7, 8],
-        positions=[5, 0],
-        slot_mapping=[21, 33],
-        seq_lens=[6, 1],
-        prev_rows=[-1, 0],
-        requests={0: GREEDY, 1: SAMPLED},
-    )
+    _fill_two_rows(host)
     device.block_tables.fill_(-9)  # poison: rows past the copied ones must keep it
     device.copy_from(host, 2)
     assert device.block_tables.tolist() == [[0, 1, 2], [3, 4, 5], [-9] * 3, [-9] * 3]

@@ -47,6 +47,10 @@ class PagedKV:
                 dense.append(rows)
         self.block_tables = self.block_tables.to(device)
 
+    def caches(self) -> tuple[torch.Tensor, ...]:
+        """k_cache, v_cache, block_tables, seq_lens: the kernel's cache arguments, in order."""
+        return self.k_cache, self.v_cache, self.block_tables, self.seq_lens
+
 
 def _dense_attention_float64(q, dense_k, dense_v, scale):
     """Naive per-head softmax attention in float64 over the unpaged K/V."""
@@ -124,17 +128,7 @@ def _check_kernel(block_size, num_kv_heads, group_size, num_splits):
     expected = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale)
 
     for _ in range(2):  # the second call reuses the split counts the first left behind
-        paged_decode_attention(
-            q,
-            kv.k_cache,
-            kv.v_cache,
-            kv.block_tables,
-            kv.seq_lens,
-            scale,
-            num_splits,
-            out=out,
-            workspace=workspace,
-        )
+        paged_decode_attention(q, *kv.caches(), scale, num_splits, out=out, workspace=workspace)
 
         assert not out.isnan().any()
         assert _max_rel_err(out, expected) <= 1e-5
@@ -210,17 +204,7 @@ def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
     workspace = decode_workspace(batch, 32, 8, num_splits, 128, q.device)
 
     def step():
-        paged_decode_attention(
-            q,
-            kv.k_cache,
-            kv.v_cache,
-            kv.block_tables,
-            kv.seq_lens,
-            scale,
-            num_splits,
-            out=out,
-            workspace=workspace,
-        )
+        paged_decode_attention(q, *kv.caches(), scale, num_splits, out=out, workspace=workspace)
 
     step()  # compile outside the capture
     torch.cuda.synchronize()
