@@ -84,6 +84,7 @@ class EngineClient:
         threading.Thread(target=self._read, name="engine-reader", daemon=True).start()
 
     def shutdown(self) -> None:
+        self.dead = True  # from here on its exit is expected, not an error to report
         self._send_conn.close()  # the engine sees EOF and returns
         self.proc.join(timeout=5)
         if self.proc.is_alive():
