@@ -166,8 +166,9 @@ class ModelRunner:
             lp_logits = logits
         else:
             params = inp.sampling(rows)
-            processed = processed_logits(logits, params)
-            peak, tokens = logits.amax(dim=-1), sample(processed, params)
+            peak = logits.amax(dim=-1)
+            processed = processed_logits(logits, params, peak)
+            tokens = sample(processed, params)
             lp_logits = torch.where(inp.processed[:rows, None] != 0, processed, logits)
         out = self.logprobs.head(rows)
         reduce_logprobs(
