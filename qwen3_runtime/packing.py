@@ -124,8 +124,8 @@ def unpack_rows(rows: np.ndarray, num_top: list[int]) -> list[TokenLogprob]:
 
 
 class PackedLogprobs(Sequence):
-    """Logprob entries kept as packed rows and built into a TokenLogprob only when read: for a long
-    prompt, creating thousands of Python objects up front would cost more than computing them.
+    """Logprob entries kept as packed rows until they are read or the request finishes (to_list, in one
+    bulk unpack), so a long prompt's thousands of TokenLogprob objects are not built in the prefill's step.
     Entries [0, leading) are None (a prompt's first token has no logprob), as are failed rows (status)."""
 
     def __init__(self, rows: np.ndarray, num_top: int, leading: int = 0) -> None:
@@ -158,9 +158,9 @@ class PackedLogprobs(Sequence):
 
 class StepLogprobs(Sequence):
     """A request's logprobs, one entry per output token, as the runner gave them: a TokenLogprob (host
-    path) or the request's row of that step's packed copy (device path), built into a TokenLogprob
-    only when read: built in the step loop, those objects would cost host time every step and keep the
-    garbage collector busy (a row view is not a tracked object)."""
+    path) or the request's row of that step's packed copy (device path), built into a TokenLogprob when
+    read or when the request finishes (to_list, in bulk): built every step, those objects would cost host
+    time in the step loop and keep the garbage collector busy (a row view is not a tracked object)."""
 
     def __init__(self, num_top: int) -> None:
         self.num_top, self.entries = num_top, []
