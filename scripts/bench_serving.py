@@ -28,14 +28,15 @@ LOGPROBS = [None, 1, 5]
 
 
 @contextmanager
-def server(config: str, path: str, overrides: list[str]):
-    """`qwen3-runtime serve` in a child process on a free port of 127.0.0.1, until /health answers."""
+def server(config: str, path: str, overrides: list[str], log: Path):
+    """`qwen3-runtime serve` in a child process on a free port of 127.0.0.1 (its output to `log`), until /health
+    answers."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     sets = [arg for o in [f"logprobs.path={path}", *overrides] for arg in ("--set", o)]
     cmd = [sys.executable, "-m", "qwen3_runtime", "serve", "--config", config, "--port", str(port), *sets]
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 900  # loading and graph capture
@@ -90,25 +91,34 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.max_tokens, args.waves = 32, 1
-    rows = []
+    args.out.mkdir(parents=True, exist_ok=True)
+    result = {"config": args.config, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "rows": []}
+    rows = result["rows"]
+
+    def add(row: dict) -> None:  # written after every cell, so a run cut short keeps what it measured
+        rows.append(row)
+        (args.out / "serving.json").write_text(json.dumps(result, indent=1))
+
     for path in ("device", "host"):
-        with server(args.config, path, args.set) as url:
+        with server(args.config, path, args.set, args.out / f"server_{path}.log") as url:
             for c in args.concurrency:
                 for k in LOGPROBS:
-                    rows.append({"path": path, **serve_cell(url, c, k, args)})
+                    add({"path": path, **serve_cell(url, c, k, args)})
                     print(f"{path} c={c} logprobs={k}: TPOT {rows[-1]['metrics']['all']['median_tpot_ms']:.2f} ms")
             if path == "device" and 8 in args.concurrency:
-                mixed = serve_cell(url, 8, 5, args, logprobs_clients=1)
-                rows.append({"path": path, "mixed": True, **mixed})
-    offline = {c: offline_tpot(args.config, c, args) for c in args.concurrency}
-    result = {"config": args.config, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "rows": rows,
-              "offline_tpot_ms": offline}  # fmt: skip
-    args.out.mkdir(parents=True, exist_ok=True)
+                add({"path": path, "mixed": True, **serve_cell(url, 8, 5, args, logprobs_clients=1)})
+                others, off = rows[-1]["metrics"]["no_logprobs"], served_off(rows, 8)
+                print(f"mixed c=8, one logprobs=5 client: the others' TPOT x{others['median_tpot_ms'] / off:.3f}")
+    result["offline_tpot_ms"] = {c: offline_tpot(args.config, c, args) for c in args.concurrency}
     (args.out / "serving.json").write_text(json.dumps(result, indent=1))
-    for c, tpot in offline.items():
-        served = next(r for r in rows if r["path"] == "device" and r["concurrency"] == c and r["logprobs"] is None)
-        ratio = served["metrics"]["all"]["median_tpot_ms"] / tpot
-        print(f"c={c}: offline TPOT {tpot:.2f} ms, through the server x{ratio:.3f}")
+    for c, tpot in result["offline_tpot_ms"].items():
+        print(f"c={c}: offline TPOT {tpot:.2f} ms, through the server x{served_off(rows, c) / tpot:.3f}")
+
+
+def served_off(rows: list[dict], concurrency: int) -> float:
+    """Median TPOT (ms) of the device path's all-off cell at this concurrency."""
+    row = next(r for r in rows if r["path"] == "device" and r["concurrency"] == concurrency and r["logprobs"] is None)
+    return row["metrics"]["all"]["median_tpot_ms"]
 
 
 if __name__ == "__main__":

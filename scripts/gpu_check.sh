@@ -6,7 +6,7 @@
 # Pass GIT_COMMIT=<sha> (the device machine has no .git) so results name their commit.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps carried wheels (/tmp/site) visible
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
 if [ -n "${QUICK:-}" ]; then default="decode logprobs"; else default="tests repeat parity profile timeline decode kernels reduce lm_head logprobs sampling"; fi
