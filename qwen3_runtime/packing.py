@@ -107,20 +107,24 @@ def pack_reference(
     out[:, HEADER + k :].copy_(logprobs.top_logprobs.view(torch.int32))
 
 
-def unpack_rows(rows: np.ndarray, num_top: list[int]) -> list[TokenLogprob]:
-    """TokenLogprobs of packed host rows [n, width], row i keeping its first `num_top[i]` top entries.
-    Converts only the columns some row reads, in two bulk calls: a long prompt's logprobs are
-    thousands of rows, and per-element work is what costs here."""
+def unpack_rows(rows: np.ndarray, num_top: int) -> list[TokenLogprob]:
+    """TokenLogprobs of packed host rows [n, width], each keeping its first `num_top` top entries.
+    Column-wise bulk conversions and one map over the columns: a long prompt's logprobs are thousands of
+    rows, and per-element Python work is what costs here."""
     k_max = (rows.shape[1] - HEADER) // 2
-    k_used = max(num_top, default=0)
-    ints = rows[:, : HEADER + k_used].tolist()
-    float_columns = [2, 4] + list(range(HEADER + k_max, HEADER + k_max + k_used))
-    floats = rows[:, float_columns].view(np.float32).astype(np.float64).tolist()
-    # Positional: token_id, logprob, rank, logsumexp, top_ids, top_logprobs.
-    return [
-        TokenLogprob(i[0], f[0], i[3], f[1], i[HEADER : HEADER + k], f[2 : 2 + k])
-        for i, f, k in zip(ints, floats, num_top)
-    ]
+    floats = rows[:, [2, 4]].view(np.float32).astype(np.float64)
+    top_logprobs = rows[:, HEADER + k_max : HEADER + k_max + num_top].view(np.float32).astype(np.float64)
+    return list(
+        map(
+            TokenLogprob,
+            rows[:, 0].tolist(),
+            floats[:, 0].tolist(),
+            rows[:, 3].tolist(),
+            floats[:, 1].tolist(),
+            rows[:, HEADER : HEADER + num_top].tolist(),
+            top_logprobs.tolist(),
+        )
+    )
 
 
 class PackedLogprobs(Sequence):
@@ -143,7 +147,7 @@ class PackedLogprobs(Sequence):
         row = position - self.leading
         if row < 0 or self.rows[row, 1]:
             return None
-        return unpack_rows(self.rows[row : row + 1], [self.num_top])[0]
+        return unpack_rows(self.rows[row : row + 1], self.num_top)[0]
 
     def to_list(self) -> list[TokenLogprob | None]:
         """Every entry, built in one bulk unpack_rows: plain data for a RequestOutput."""
@@ -175,7 +179,7 @@ class StepLogprobs(Sequence):
         if isinstance(index, slice):
             return [self[i] for i in range(*index.indices(len(self)))]
         entry = self.entries[index]
-        return unpack_rows(entry[None], [self.num_top])[0] if isinstance(entry, np.ndarray) else entry
+        return unpack_rows(entry[None], self.num_top)[0] if isinstance(entry, np.ndarray) else entry
 
     def to_list(self) -> list[TokenLogprob | None]:
         """Every entry, the packed rows built in one bulk unpack_rows: plain data for a RequestOutput."""
@@ -187,7 +191,7 @@ class StepLogprobs(Sequence):
 
 def _built_where(mask: list[bool], rows: np.ndarray | None, num_top: int) -> list[TokenLogprob | None]:
     """One entry per `mask` value: the next of `rows` built (all in one unpack_rows) where True, else None."""
-    built = iter(unpack_rows(rows, [num_top] * len(rows)) if rows is not None else [])
+    built = iter(unpack_rows(rows, num_top) if rows is not None else [])
     return [next(built) if keep else None for keep in mask]
 
 

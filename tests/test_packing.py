@@ -23,7 +23,7 @@ def _packed_pair():
 def test_pack_round_trip():
     host = _packed_pair()
     assert packed_width(3) == 11 and host[:, :2].tolist() == [[4, 0], [11, 1]]
-    first, second = unpack_rows(host, [2, 3])
+    first, second = unpack_rows(host[:1], 2)[0], unpack_rows(host[1:], 3)[0]
     assert (first.token_id, first.logprob, first.rank, first.logsumexp) == (4, -0.5, 1, 3.0)
     assert first.top_ids == [4, 2] and first.top_logprobs == [-0.5, -1.0]
     assert second.top_ids == [1, 0, -1] and np.isneginf(second.top_logprobs[2])
@@ -76,7 +76,7 @@ def test_packed_logprobs_build_entries_on_read():
     host = _packed_pair()
     entries = PackedLogprobs(host, 2, leading=1)
     assert len(entries) == 3 and entries[0] is None
-    assert entries[1] == unpack_rows(host[:1], [2])[0] == entries[-2]
+    assert entries[1] == unpack_rows(host[:1], 2)[0] == entries[-2]
     assert entries[2] is None  # status 1: a failed row
     assert entries.count(None) == 2 and entries[1:] == [entries[1], None] and list(entries)[0] is None
     with pytest.raises(IndexError):
@@ -85,7 +85,7 @@ def test_packed_logprobs_build_entries_on_read():
 
 def test_step_logprobs_keep_packed_rows_until_read():
     host = _packed_pair()
-    (reference,) = unpack_rows(host[:1], [2])
+    (reference,) = unpack_rows(host[:1], 2)
     entries = StepLogprobs(2)
     entries.append(host[0].copy())  # device path: the step's packed row
     entries.append(reference)  # host path: already a TokenLogprob

@@ -64,7 +64,7 @@ def test_lazy_logprobs_become_plain_lists_in_one_bulk_unpack(monkeypatch):
     prompt = PackedLogprobs(rows, 2, leading=1)
     step = StepLogprobs(3)
     for i, row in enumerate(rows[:4]):
-        step.append(row.copy() if i != 2 else _unpack(rows[2:3], [3])[0])
+        step.append(row.copy() if i != 2 else _unpack(rows[2:3], 3)[0])
     for lazy in (prompt, step):
         calls.clear()
         plain = plain_logprobs(lazy)

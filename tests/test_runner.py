@@ -7,6 +7,7 @@ import torch
 
 from qwen3_runtime import SamplingParams
 from qwen3_runtime.logprobs import token_logprob_from_row
+from qwen3_runtime.packing import packed_width
 from scripts.profiling import profile_steps
 
 MIXED = [
@@ -329,7 +330,7 @@ def test_profiler_sees_one_copy_and_one_sync_per_decode_step(path, graphs):
         f"{syncs / 16} syncs per step"
     )
     assert len(copies) == 16 * per_step and syncs == 16 * per_step
-    packed_bytes = 8 * (5 + 2 * 20) * 4  # 6 rows padded to the bucket of 8
+    packed_bytes = len(ks) * packed_width(20) * 4  # the real rows only, not the bucket's padding
     assert copies.count(packed_bytes) == 16
     assert all(b == rt.vocab_size * 4 for b in copies if b != packed_bytes)
 
