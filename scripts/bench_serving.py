@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from scripts.bench_serve import BenchConfig, run_benchmark
+from scripts.report import environment
 
 LOGPROBS = [None, 1, 5]
 
@@ -93,6 +94,7 @@ def main() -> None:
         args.max_tokens, args.waves = 32, 1
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"config": args.config, "prompt_len": args.prompt_len, "max_tokens": args.max_tokens, "rows": []}
+    result.update(environment(), waves=args.waves)
     rows = result["rows"]
 
     def add(row: dict) -> None:  # written after every cell, so a run cut short keeps what it measured

@@ -3,8 +3,9 @@ them is written by hand and kept), docs/benchmarks.json and the two PNG plots.
 
 Usage: python -m scripts.write_report [RESULT_DIR]
 
-RESULT_DIR holds what scripts/gpu_check.sh wrote under $OUT: decode.json (bench_decode) and logprobs.json
-(bench_logprobs); each one found replaces the stored run of its kind in docs/benchmarks.json. A logprobs run
+RESULT_DIR holds what scripts/gpu_check.sh wrote under $OUT: decode.json (bench_decode), logprobs.json
+(bench_logprobs) and serving.json (bench_serving); each one found replaces the stored run of its kind in
+docs/benchmarks.json. A logprobs run
 without the host path keeps the last stored run that has it, so the tables can still set the two paths side
 by side. Without RESULT_DIR the tables and plots are rendered again from docs/benchmarks.json.
 """
@@ -43,6 +44,8 @@ def update(stored: dict, result_dir: Path) -> dict:
         latest = load_logprobs(result_dir / "logprobs.json")
         with_host = [lp for lp in stored.get("logprobs", []) if has_host(lp)][:1]
         stored["logprobs"] = [latest] + ([] if has_host(latest) else with_host)
+    if (result_dir / "serving.json").exists():
+        stored["serving"] = json.loads((result_dir / "serving.json").read_text())
     return stored
 
 
@@ -180,12 +183,54 @@ def logprobs(runs: list[dict]) -> list[str]:
     return lines
 
 
+def serving(d: dict) -> list[str]:
+    """The logprobs matrix as HTTP clients saw it, the mixed run, and the server against the offline API."""
+    lines = [
+        f"### Serving: {d['config']} through `qwen3-runtime serve`, greedy, {d['prompt_len']}-token prompts, "
+        f"{d['max_tokens']} output tokens, closed-loop clients (`scripts/bench_serving.py`)",
+        "",
+        _run(d, repeats=False) + f", {d['waves']} requests per client, medians over requests",
+        "",
+    ]
+    plain = [r for r in d["rows"] if not r.get("mixed")]
+    off = {(r["path"], r["concurrency"]): r["metrics"]["all"] for r in plain if r["logprobs"] is None}
+    rows = []
+    for r in plain:
+        m, base = r["metrics"]["all"], off[r["path"], r["concurrency"]]
+        rows.append([
+            r["path"], r["concurrency"], "off" if r["logprobs"] is None else r["logprobs"],
+            f"{m['median_tpot_ms']:.2f}", f"{m['median_tpot_ms'] / base['median_tpot_ms']:.3f}",
+            f"{m['median_itl_ms']:.2f}", f"{m['p99_itl_ms']:.1f}", f"{m['median_ttft_ms']:.0f}",
+        ])  # fmt: skip
+    header = ["path", "concurrency", "logprobs", "TPOT ms", "÷ off", "ITL p50 ms", "ITL p99 ms", "TTFT p50 ms"]
+    lines += _table(header, rows)
+    for r in (r for r in d["rows"] if r.get("mixed")):
+        others = r["metrics"]["no_logprobs"]["median_tpot_ms"]
+        base = off[r["path"], r["concurrency"]]["median_tpot_ms"]
+        lines += ["", f"Mixed, concurrency {r['concurrency']} with one logprobs={r['logprobs']} client ({r['path']} "
+                  f"path): the other clients' TPOT {others:.2f} ms, {others / base:.3f} × the all-off run."]  # fmt: skip
+    rows = []
+    for c, tpot in d.get("offline_tpot_ms", {}).items():
+        served = [off[path, int(c)] for path in ("device", "host") if (path, int(c)) in off]
+        rows.append([c, f"{tpot:.2f}", *(f"{s['median_tpot_ms']:.2f} ({s['median_tpot_ms'] / tpot:.3f})" for s in served),
+                     *(f"{s['median_itl_ms']:.2f}" for s in served)])  # fmt: skip
+    if rows:
+        lines += ["", "Server against the offline API (`Runtime.generate`, all of a wave's requests at once), "
+                  "logprobs off:", ""]  # fmt: skip
+        header = ["concurrency", "offline TPOT ms", "server (device path) TPOT ms (÷ offline)",
+                  "server (host path) TPOT ms (÷ offline)", "ITL p50 (device)", "ITL p50 (host)"]  # fmt: skip
+        lines += _table(header, rows)
+    return lines
+
+
 def tables(stored: dict) -> str:
     lines = [BEGIN, ""]
     if "decode" in stored:
         lines += decode(stored["decode"]) + ["", "![Decode TPOT against the floor](decode_vs_floor.png)", ""]
     if stored.get("logprobs"):
         lines += logprobs(stored["logprobs"]) + ["", "![TPOT against concurrency](tpot_vs_concurrency.png)", ""]
+    if "serving" in stored:
+        lines += serving(stored["serving"]) + ["", "![TPOT through the server](serving_tpot_vs_concurrency.png)", ""]
     return "\n".join(lines + [END])
 
 
@@ -241,6 +286,27 @@ def plot_logprobs(plt, runs: list[dict]) -> None:
     fig.savefig(DOCS / "tpot_vs_concurrency.png", dpi=120)
 
 
+def plot_serving(plt, d: dict) -> None:
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    plain = [r for r in d["rows"] if not r.get("mixed")]
+    for (k, path), style in zip(
+        [(None, "device"), (1, "device"), (5, "device"), (None, "host"), (1, "host"), (5, "host")],
+        ["k-x", "c-o", "b-o", "k--x", "m--s", "r--s"],
+    ):
+        pts = sorted((r["concurrency"], r["metrics"]["all"]["median_tpot_ms"])
+                     for r in plain if r["logprobs"] == k and r["path"] == path)  # fmt: skip
+        if pts:
+            ax.plot(*zip(*pts), style, label=f"logprobs {'off' if k is None else k}, {path} path server")
+    ax.set(xscale="log", yscale="log", xlabel="concurrency (HTTP clients)", ylabel="median TPOT (ms)")
+    ax.set_title(f"{d['config']} TPOT seen by HTTP clients ({d['gpu']}, {d['commit']})")
+    ax.set_xticks([1, 8, 32], ["1", "8", "32"])
+    ax.set_yticks([2, 3, 5, 10, 20, 50, 100], ["2", "3", "5", "10", "20", "50", "100"])
+    ax.minorticks_off()
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(DOCS / "serving_tpot_vs_concurrency.png", dpi=120)
+
+
 def plots(stored: dict) -> None:
     import matplotlib
 
@@ -251,6 +317,8 @@ def plots(stored: dict) -> None:
         plot_decode(plt, stored["decode"])
     if stored.get("logprobs"):
         plot_logprobs(plt, stored["logprobs"])
+    if "serving" in stored:
+        plot_serving(plt, stored["serving"])
 
 
 def main() -> None:
