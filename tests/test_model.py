@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from qwen3_runtime import ops
 from qwen3_runtime.config import ModelConfig
 from qwen3_runtime.kv_cache import allocate_kv_cache
 from qwen3_runtime.loader import load_model
@@ -80,3 +81,32 @@ def test_packed_prefill_equals_separate_prefills(tiny_checkpoint):
         )
         alone = run(b, torch.arange(9), torch.cat([torch.arange(24, 32), torch.arange(8, 9)]), [9], [[3, 1]])
     torch.testing.assert_close(packed[5:], alone, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("triton_kernels", [True, False], ids=["triton", "pytorch"])
+def test_chunked_prefill_equals_whole_prefill(tiny_checkpoint, monkeypatch, triton_kernels):
+    """A prompt prefilled in two chunks, the second (starting mid-block) packed with another whole prompt,
+    attends to its cached first chunk: its logits are the whole prompt's (prefilled into other blocks)."""
+    if not triton_kernels:
+        monkeypatch.setattr(ops, "TRITON_INTERPRET", False)
+    ours, _ = _load_both(tiny_checkpoint)
+    ids, other = torch.randint(0, 512, (23,)), torch.randint(0, 512, (6,))
+    kv = allocate_kv_cache(ours.config, 8, BLOCK, torch.float32, torch.device("cpu"))
+
+    def run(ids, positions, query_lens, seq_lens, tables):
+        slots = torch.tensor([table[p // BLOCK] * BLOCK + p % BLOCK for table, q, n in zip(tables, query_lens, seq_lens)
+                              for p in range(n - q, n)])  # fmt: skip
+        meta = _prefill_meta(ours, slots, query_lens, seq_lens, tables)
+        return ours.compute_logits(ours(ids, positions, kv, meta))
+
+    with torch.no_grad():
+        whole = run(ids, torch.arange(23), [23], [23], [[5, 2, 7]])
+        run(ids[:10], torch.arange(10), [10], [10], [[3, 6, 1]])
+        chunk = run(
+            torch.cat([other, ids[10:]]),
+            torch.cat([torch.arange(6), torch.arange(10, 23)]),
+            [6, 13],
+            [6, 23],
+            [[0], [3, 6, 1]],
+        )
+    torch.testing.assert_close(chunk[6:], whole[10:], rtol=1e-5, atol=1e-5)
