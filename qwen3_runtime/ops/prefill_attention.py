@@ -29,11 +29,14 @@ import triton.language as tl
 
 from qwen3_runtime.ops import use_triton
 
-# Query rows (tokens x the GQA group) per program: 32 tokens of a group of 4 fill a tensor-core tile with
-# as many rows as K/V columns, so each K/V tile read serves 128 rows.
+# Untuned first choices, sized for sm_90 at head_dim 128 (scripts/bench_prefill_attention.py times them
+# against alternatives). Query rows (tokens x the GQA group) per program: each gathered K/V tile serves this
+# many rows (32 tokens of Qwen3-4B's group of 4).
 BLOCK_M = 128
-# Keys per K/V tile: each is a gather of BLOCK_N rows through the block table.
+# Keys per K/V tile, each a gather of BLOCK_N rows through the block table.
 BLOCK_N = 64
+# Eight warps hold the 128 x 128 fp32 output without spilling; three stages keep two K/V tiles in flight
+# (96 KB of shared memory) while one is multiplied.
 NUM_WARPS = 8
 NUM_STAGES = 3
 
