@@ -15,19 +15,19 @@ from qwen3_runtime.ops.embedding import embed
 from qwen3_runtime.ops.linear import linear, linear_partials, mlp_partials
 from qwen3_runtime.ops.linear_preload import preload_applies, preloaded_partials
 from qwen3_runtime.ops.norms import add_rms_norm
-from qwen3_runtime.ops.prefill_attention import prefill_attention
+from qwen3_runtime.ops.prefill_attention import PrefillPlan, paged_prefill_attention
 
 
 @dataclass
 class AttentionMetadata:
     """Where this forward's tokens go in the KV cache and what they attend to.
 
-    Prefill: several whole prompts packed back to back (`cu_seqlens`, host ints).
+    Prefill: the new tokens of several sequences packed back to back, attending to the cache (`prefill`).
     Decode: one token per row; every tensor is a static device buffer (graph-capturable).
     """
 
     slot_mapping: torch.Tensor  # [T] cache slot of each token; -1 = padded row, not stored
-    cu_seqlens: list[int] | None = None  # prefill only
+    prefill: PrefillPlan | None = None  # prefill only: built once per forward (ops/prefill_attention.py)
     block_tables: torch.Tensor | None = None  # decode only: [B, max_blocks] int32
     seq_lens: torch.Tensor | None = None  # decode only: [B] int32, 0 for padded rows
     num_splits: int = 1  # decode only: split-KV partitions (static)
@@ -35,7 +35,7 @@ class AttentionMetadata:
 
     @property
     def is_prefill(self) -> bool:
-        return self.cu_seqlens is not None
+        return self.prefill is not None
 
 
 class RMSNorm(nn.Module):
@@ -89,7 +89,7 @@ class Attention(nn.Module):
         # qkv lets the attention inputs launch as it starts (their one-warp programs fit beside it), so they
         # read their staged inputs, and attention (and o_proj's preload) launches, while qkv streams.
         qkv = linear(x, self.qkv_proj.weight, decode, dependents_early=True)
-        q, k, v = attention_inputs(
+        q, _, _ = attention_inputs(
             qkv,
             self.num_heads,
             self.num_kv_heads,
@@ -104,7 +104,7 @@ class Attention(nn.Module):
         )
         preload = decode and preload_applies(x.shape[0], self.o_proj.weight)
         if meta.is_prefill:
-            out = prefill_attention(q, k, v, meta.cu_seqlens, self.scale)
+            out = paged_prefill_attention(q, k_cache, v_cache, meta.prefill, self.scale)
         else:
             out = paged_decode_attention(
                 q,

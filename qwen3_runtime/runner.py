@@ -25,6 +25,7 @@ from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops import cdiv, num_sms
 from qwen3_runtime.ops.decode_attention import default_num_splits
 from qwen3_runtime.ops.greedy import greedy_max
+from qwen3_runtime.ops.prefill_attention import PrefillPlan
 from qwen3_runtime.packing import pack, packed_width
 from qwen3_runtime.request import Request
 from qwen3_runtime.sampler import processed_logits, sample
@@ -110,7 +111,12 @@ class ModelRunner:
         positions = np.concatenate([np.arange(n) for n in lengths])
         slots = np.concatenate([cache_slot(np.asarray(r.block_table), np.arange(r.num_tokens), self.block_size)
                                 for r in reqs])  # fmt: skip
-        meta = AttentionMetadata(slot_mapping=self._tensor(slots), cu_seqlens=starts)
+        arch = self.model.config
+        group_size = arch.num_attention_heads // arch.num_key_value_heads
+        plan = PrefillPlan.build(
+            lengths, lengths, [req.block_table for req in reqs], self.device, group_size=group_size
+        )
+        meta = AttentionMetadata(slot_mapping=self._tensor(slots), prefill=plan)
         tokens = self._tensor(np.concatenate([req.tokens for req in reqs]))
         hidden = self.model(tokens, self._tensor(positions), self.kv_cache, meta)
         prompt_reqs = self.prompt_logprobs.compute(reqs, hidden, starts, self.model.compute_logits)

@@ -17,6 +17,7 @@ from qwen3_runtime.config import ModelConfig, load_config
 from qwen3_runtime.kv_cache import allocate_kv_cache
 from qwen3_runtime.loader import load_model
 from qwen3_runtime.model import AttentionMetadata
+from qwen3_runtime.ops.prefill_attention import PrefillPlan
 from scripts.hf_reference import random_hf_model
 from scripts.report import environment
 
@@ -41,7 +42,9 @@ def compare(path: Path, prompt_len: int) -> dict:
     slots = table[pos // block] * block + pos % block
     with torch.no_grad():
         ref = theirs(ids[None]).logits[0].float()
-        meta = AttentionMetadata(slot_mapping=slots[:-1], cu_seqlens=[0, n - 1])
+        group_size = ours.config.num_attention_heads // ours.config.num_key_value_heads
+        plan = PrefillPlan.build([n - 1], [n - 1], [table.tolist()], device, group_size=group_size)
+        meta = AttentionMetadata(slot_mapping=slots[:-1], prefill=plan)
         prefill = ours.compute_logits(ours(ids[:-1], pos[:-1], kv, meta))
         meta = AttentionMetadata(
             slot_mapping=slots[-1:],

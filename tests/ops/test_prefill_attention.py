@@ -1,52 +1,186 @@
+"""Paged prefill attention (Triton in the interpreter on the CPU) against its fp32 reference, the reference
+against naive float64 attention over the unpaged K/V, and the CPU path (SDPA) against the reference."""
+
+import math
+
 import pytest
 import torch
 
-from qwen3_runtime.ops.prefill_attention import prefill_attention
+from qwen3_runtime import ops
+from qwen3_runtime.ops import prefill_attention
+from qwen3_runtime.ops.prefill_attention import PrefillPlan, paged_prefill_attention, paged_prefill_attention_reference
+
+# (cached prefix, new tokens): whole prompts, single tokens, chunks starting mid-block (prefix 1, 17, 30,
+# 33, 40), lengths that are not multiples of any tile, and a sequence with nothing new. Prefix 30: the
+# first query's key is the second last of a K/V tile (no whole tile before it may go unmasked).
+SEQS = [(0, 1), (0, 37), (17, 5), (1, 1), (33, 20), (9, 0), (0, 16), (30, 7), (40, 3)]
 
 
-def _causal_attention_float64(q, k, v, cu_seqlens, scale):
-    """Naive per-sequence, per-head causal softmax attention in float64."""
-    num_heads, num_kv_heads = q.shape[1], k.shape[1]
-    group_size = num_heads // num_kv_heads
+class PagedSequences:
+    """Sequences' K/V in a paged cache of shuffled blocks, with the same K/V unpaged beside it.
+
+    Unused cache slots are NaN and every block table ends in -1, so any read of them shows.
+    """
+
+    def __init__(self, seqs, block_size, num_kv_heads, head_dim, generator, dtype=torch.float32, device="cpu"):
+        self.query_lens = [n for _, n in seqs]
+        self.seq_lens = [prefix + n for prefix, n in seqs]
+        blocks_per_seq = [math.ceil(n / block_size) for n in self.seq_lens]
+        num_blocks = sum(blocks_per_seq) + 3
+        shape = (num_blocks, block_size, num_kv_heads, head_dim)
+        self.k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        self.v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
+        self.block_tables, self.dense_k, self.dense_v = [], [], []
+        free_blocks = torch.randperm(num_blocks, generator=generator).tolist()
+        for seq_len, num in zip(self.seq_lens, blocks_per_seq):
+            blocks = torch.tensor([free_blocks.pop() for _ in range(num)], dtype=torch.long)
+            self.block_tables.append(blocks.tolist() + [-1])
+            positions = torch.arange(seq_len)
+            slot_blocks, slot_offsets = blocks[positions // block_size].to(device), (positions % block_size).to(device)
+            for dense, cache in ((self.dense_k, self.k_cache), (self.dense_v, self.v_cache)):
+                rows = torch.randn(seq_len, num_kv_heads, head_dim, generator=generator).to(dtype).to(device)
+                cache[slot_blocks, slot_offsets] = rows
+                dense.append(rows)
+
+    def plan(self, group_size: int, **kw) -> PrefillPlan:
+        device = self.k_cache.device
+        return PrefillPlan.build(self.query_lens, self.seq_lens, self.block_tables, device, group_size=group_size, **kw)
+
+
+def _causal_attention_float64(q, paged, scale):
+    """Naive per-sequence, per-head softmax attention in float64 over the unpaged K/V."""
+    group_size = q.shape[1] // paged.dense_k[0].shape[1]
     out = torch.zeros(q.shape, dtype=torch.float64)
-    for start, end in zip(cu_seqlens[:-1], cu_seqlens[1:]):
-        for head in range(num_heads):
-            for i in range(start, end):
-                keys = k[start : i + 1, head // group_size].double()
-                values = v[start : i + 1, head // group_size].double()
-                scores = keys @ q[i, head].double() * scale
+    start = 0
+    for query_len, seq_len, k, v in zip(paged.query_lens, paged.seq_lens, paged.dense_k, paged.dense_v):
+        for i in range(query_len):
+            visible = seq_len - query_len + i + 1
+            for head in range(q.shape[1]):
+                scores = k[:visible, head // group_size].double() @ q[start + i, head].double() * scale
                 weights = torch.exp(scores - scores.max())
-                out[i, head] = (weights / weights.sum()) @ values
+                out[start + i, head] = (weights / weights.sum()) @ v[:visible, head // group_size].double()
+        start += query_len
     return out
 
 
-@pytest.mark.parametrize("num_kv_heads, group_size", [(1, 1), (2, 2), (2, 4), (1, 8)])
-def test_prefill_matches_causal_float64(num_kv_heads, group_size):
-    generator = torch.Generator().manual_seed(group_size)
-    seq_lens = [1, 7, 16, 5]
-    cu_seqlens = [0]
-    for n in seq_lens:
-        cu_seqlens.append(cu_seqlens[-1] + n)
-    num_tokens, head_dim, scale = cu_seqlens[-1], 32, 32**-0.5
-    q = torch.randn(num_tokens, num_kv_heads * group_size, head_dim, generator=generator)
-    k = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
-    v = torch.randn(num_tokens, num_kv_heads, head_dim, generator=generator)
-
-    out = prefill_attention(q, k, v, cu_seqlens, scale)
-
-    expected = _causal_attention_float64(q, k, v, cu_seqlens, scale)
-    assert out.dtype == q.dtype
-    assert ((out.double() - expected).abs().max() / expected.abs().max()).item() <= 1e-5
+def _rel_err(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.double() - expected.double()).abs().max() / expected.double().abs().max()).item()
 
 
-def test_prefill_keeps_bf16():
+def _inputs(block_size, num_kv_heads, group_size, head_dim, seed, dtype=torch.float32, seqs=SEQS):
+    generator = torch.Generator().manual_seed(seed)
+    paged = PagedSequences(seqs, block_size, num_kv_heads, head_dim, generator, dtype)
+    q = torch.randn(sum(paged.query_lens), num_kv_heads * group_size, head_dim, generator=generator).to(dtype)
+    return q, paged
+
+
+@pytest.mark.parametrize("num_kv_heads, group_size", [(1, 1), (2, 3), (1, 8)])
+def test_reference_matches_causal_float64(num_kv_heads, group_size):
+    q, paged = _inputs(16, num_kv_heads, group_size, 16, seed=group_size)
+    plan = paged.plan(group_size)
+
+    out = paged_prefill_attention_reference(q, paged.k_cache, paged.v_cache, plan, 0.25)
+
+    assert _rel_err(out, _causal_attention_float64(q, paged, 0.25)) <= 1e-5
+
+
+def test_plan_tiles_cover_every_new_token_once_heaviest_first():
+    query_lens, seq_lens = [n for _, n in SEQS], [p + n for p, n in SEQS]
+    plan = PrefillPlan.build(query_lens, seq_lens, [[0]] * len(SEQS), torch.device("cpu"), group_size=4, block_m=32)
+
+    assert plan.block_q == 8
+    assert plan.query_start_loc.tolist() == [0, 1, 38, 43, 44, 64, 64, 80, 87, 90]
+    assert plan.seq_lens.tolist() == seq_lens
+    covered = sorted(
+        (seq, first + i) for seq, first in plan.tiles.tolist() for i in range(8) if first + i < query_lens[seq]
+    )
+    assert covered == [(seq, i) for seq, n in enumerate(query_lens) for i in range(n)]
+    keys = [seq_lens[s] - query_lens[s] + min(first + 8, query_lens[s]) for s, first in plan.tiles.tolist()]
+    assert keys == sorted(keys, reverse=True)
+
+
+# (block_size, num_kv_heads, group_size, head_dim, block_m, block_n): pages smaller than, equal to and
+# larger than the K/V tile, and one (12) that neither divides nor is divided by it; GQA groups 1 to 8,
+# some not dividing block_m (padded rows); the default tile sizes last.
+KERNEL_CASES = [
+    (4, 2, 1, 16, 16, 16),
+    (16, 1, 2, 32, 32, 16),
+    (32, 2, 4, 16, 32, 16),
+    (16, 1, 8, 16, 64, 32),
+    (32, 1, 3, 16, 32, 64),
+    (12, 2, 5, 16, 64, 32),
+    (16, 1, 7, 16, 32, 16),
+    (4, 1, 4, 32, prefill_attention.BLOCK_M, prefill_attention.BLOCK_N),
+    (32, 2, 2, 16, prefill_attention.BLOCK_M, prefill_attention.BLOCK_N),
+]
+
+
+@pytest.mark.parametrize("block_size, num_kv_heads, group_size, head_dim, block_m, block_n", KERNEL_CASES)
+def test_kernel_matches_reference(monkeypatch, block_size, num_kv_heads, group_size, head_dim, block_m, block_n):
+    monkeypatch.setattr(prefill_attention, "BLOCK_N", block_n)
+    q, paged = _inputs(block_size, num_kv_heads, group_size, head_dim, seed=block_size + 10 * group_size)
+    _check_kernel(q, paged, paged.plan(group_size, block_m=block_m), head_dim**-0.5, tolerance=1e-5)
+
+
+def test_kernel_keeps_bf16():
+    q, paged = _inputs(16, 2, 4, 32, seed=1, dtype=torch.bfloat16)
+    _check_kernel(q, paged, paged.plan(4, block_m=32), 32**-0.5, tolerance=2e-2)
+
+
+def test_kernel_survives_huge_logits():
+    """Every score shifted by 2500 (3600 in log2 units: exp2 of it overflows fp32), their differences kept
+    O(1): only a running max subtracted before the exp2 keeps the output finite and right."""
+    q, paged = _inputs(16, 2, 2, 16, seed=2)
+    q[..., 0] = 1e4
+    for cache in (paged.k_cache, paged.v_cache):
+        cache[..., 0] = torch.where(cache[..., 0].isnan(), cache[..., 0], 1.0)
+    _check_kernel(q, paged, paged.plan(2, block_m=16), 0.25, tolerance=2e-3)
+
+
+def _check_kernel(q, paged, plan, scale, tolerance):
+    out = torch.full_like(q, float("nan"))  # poisoned: any row the kernel fails to write shows
+
+    paged_prefill_attention(q, paged.k_cache, paged.v_cache, plan, scale, out=out)
+
+    assert not out.isnan().any()
+    assert _rel_err(out, paged_prefill_attention_reference(q, paged.k_cache, paged.v_cache, plan, scale)) <= tolerance
+
+
+@pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+def test_cpu_path_matches_reference(monkeypatch, dtype, tolerance):
+    monkeypatch.setattr(ops, "TRITON_INTERPRET", False)
+    q, paged = _inputs(4, 2, 4, 32, seed=3, dtype=dtype)
+    plan = paged.plan(4)
+
+    out = paged_prefill_attention(q, paged.k_cache, paged.v_cache, plan, 32**-0.5)
+
+    assert out.dtype == dtype and not out.isnan().any()
+    assert (
+        _rel_err(out, paged_prefill_attention_reference(q, paged.k_cache, paged.v_cache, plan, 32**-0.5)) <= tolerance
+    )
+
+
+def test_kernel_returns_nothing_for_no_new_tokens():
+    q, paged = _inputs(16, 2, 2, 16, seed=4, seqs=[(5, 0)])
+
+    out = paged_prefill_attention(q, paged.k_cache, paged.v_cache, paged.plan(2), 0.25)
+
+    assert out.shape == (0, 4, 16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_kernel_matches_reference_on_gpu_bf16():
+    """Qwen3-4B attention shapes (32 query heads over 8 KV heads, head_dim 128, bf16, block 16): a whole
+    prompt, chunks after long cached prefixes (one mid-block), one token after a prefix."""
     generator = torch.Generator().manual_seed(0)
-    q = torch.randn(6, 4, 16, generator=generator).bfloat16()
-    k = torch.randn(6, 2, 16, generator=generator).bfloat16()
-    v = torch.randn(6, 2, 16, generator=generator).bfloat16()
+    seqs = [(0, 3000), (2048, 1500), (3001, 999), (4000, 1), (17, 2100)]
+    paged = PagedSequences(seqs, 16, 8, 128, generator, dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(sum(n for _, n in seqs), 32, 128, generator=generator).bfloat16().cuda()
+    plan = paged.plan(4)
 
-    out = prefill_attention(q, k, v, [0, 2, 6], 0.25)
+    out = paged_prefill_attention(q, paged.k_cache, paged.v_cache, plan, 128**-0.5)
 
-    expected = _causal_attention_float64(q, k, v, [0, 2, 6], 0.25)
-    assert out.dtype == torch.bfloat16
-    assert ((out.double() - expected).abs().max() / expected.abs().max()).item() <= 2e-2
+    expected = paged_prefill_attention_reference(q, paged.k_cache, paged.v_cache, plan, 128**-0.5).float()
+    assert not out.isnan().any()
+    assert ((out.float() - expected).norm() / expected.norm()).item() < 1e-2
