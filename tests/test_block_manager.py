@@ -2,7 +2,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qwen3_runtime import SamplingParams
-from qwen3_runtime.kv_cache import BlockManager, cdiv
+from qwen3_runtime.block_manager import BlockManager
+from qwen3_runtime.ops import cdiv
 from qwen3_runtime.request import Request
 
 
