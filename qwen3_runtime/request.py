@@ -36,6 +36,9 @@ class Request:
     logprobs: StepLogprobs = field(init=False)
     prompt_logprobs: abc.Sequence[TokenLogprob | None] | None = None
     block_table: list[int] = field(default_factory=list)
+    # Prefix-cache keys of its full blocks, chained (block_hash.py); they depend only on tokens, so they
+    # outlive a preemption and are never recomputed.
+    block_hashes: list[bytes] = field(default_factory=list)
     status: Status = Status.WAITING
     finish_reason: str | None = None  # stop | length | error | abort
     error: str | None = None

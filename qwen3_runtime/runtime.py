@@ -11,9 +11,10 @@ from typing import Any
 
 from tqdm import tqdm
 
+from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.config import Config, ConfigError, load_config
 from qwen3_runtime.device import num_kv_blocks, resolve_device, resolve_dtype
-from qwen3_runtime.kv_cache import BlockManager, allocate_kv_cache
+from qwen3_runtime.kv_cache import allocate_kv_cache
 from qwen3_runtime.loader import load_model
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate, Status

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.config import EngineConfig
-from qwen3_runtime.kv_cache import BlockManager
 from qwen3_runtime.request import Request, Status
 
 

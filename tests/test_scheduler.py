@@ -2,8 +2,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qwen3_runtime import SamplingParams
+from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.config import EngineConfig
-from qwen3_runtime.kv_cache import BlockManager, cdiv
+from qwen3_runtime.ops import cdiv
 from qwen3_runtime.request import Request, Status
 from qwen3_runtime.scheduler import Scheduler
 
