@@ -77,7 +77,8 @@ class EngineConfig:
     device: str = "auto"
     max_model_len: int = field(default=4096, metadata=_range(2))
     max_num_seqs: int = field(default=64, metadata=_range(1))
-    # Prompt tokens prefilled in one forward pass; at least max_model_len.
+    # Prompt tokens prefilled in one step: a longer prompt is prefilled in chunks over several steps, and a
+    # decoding request waits for at most one such step between two of its tokens.
     max_num_batched_tokens: int = field(default=8192, metadata=_range(1))
     block_size: int = field(default=16, metadata=_range(1))
     # None: enough for max_num_seqs full-length sequences, capped by gpu_memory_utilization.
@@ -90,13 +91,10 @@ class EngineConfig:
     # Launch each decode step before reading the one before, so the host's work overlaps the GPU's; a
     # request that stops on a token costs one discarded row in the step after.
     async_scheduling: bool = True
+    # Reuse the KV of full blocks whose tokens (and all tokens before them) an earlier request computed.
+    prefix_caching: bool = True
 
     def __post_init__(self) -> None:
-        if self.max_num_batched_tokens < self.max_model_len:
-            raise ConfigError(
-                f"max_num_batched_tokens={self.max_num_batched_tokens} must be >= "
-                f"max_model_len={self.max_model_len}, so any prompt fits one prefill"
-            )
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ConfigError(f"device={self.device!r} is invalid: use auto, cpu, cuda or cuda:N")
         for size in self.cuda_graph_buckets or []:

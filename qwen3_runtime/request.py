@@ -35,10 +35,12 @@ class Request:
     output: list[int] = field(default_factory=list)
     logprobs: StepLogprobs = field(init=False)
     prompt_logprobs: abc.Sequence[TokenLogprob | None] | None = None
+    prompt_logprob_parts: list = field(default_factory=list, repr=False)  # of a prompt scored in chunks so far
     block_table: list[int] = field(default_factory=list)
     # Prefix-cache keys of its full blocks, chained (block_hash.py); they depend only on tokens, so they
     # outlive a preemption and are never recomputed.
     block_hashes: list[bytes] = field(default_factory=list)
+    num_computed_tokens: int = 0  # of a prompt being prefilled: tokens whose KV is computed (or scheduled)
     status: Status = Status.WAITING
     finish_reason: str | None = None  # stop | length | error | abort
     error: str | None = None

@@ -3,8 +3,9 @@
 Decode: stage the rows into static buffers, replay the bucket's CUDA graph (model -> lm_head ->
 sampling -> logprobs reduction -> packing), copy the packed rows out; `collect` waits once. With async
 scheduling the next step is launched before that wait, its input ids read on the device from the step
-in flight. Prefill: an eager forward over whole prompts, prompt logprobs over chunks of positions, then
-the same sampling, reduction and packing for each prompt's last position.
+in flight. Prefill: an eager forward over chunks of prompts (each attending to its request's cached KV),
+prompt logprobs of the positions computed, then the same sampling, reduction and packing for each
+prompt's last position.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from qwen3_runtime.config import Config
 from qwen3_runtime.kv_cache import cache_slot
 from qwen3_runtime.logprobs import LogprobBuffers, TokenLogprob, reduce_logprobs
 from qwen3_runtime.logprobs.host_path import LogprobsRouting, full_row_logprob
-from qwen3_runtime.logprobs.prompt import NOT_FINITE, PromptLogprobs
+from qwen3_runtime.logprobs.prompt import NOT_FINITE, PromptLogprobs, ScoredSpan
 from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops import cdiv, num_sms
 from qwen3_runtime.ops.decode_attention import default_num_splits
@@ -28,6 +29,7 @@ from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.ops.prefill_attention import PrefillPlan
 from qwen3_runtime.packing import pack, packed_width
 from qwen3_runtime.request import Request
+from qwen3_runtime.scheduler import PrefillChunk
 from qwen3_runtime.sampler import processed_logits, sample
 from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.step_inputs import InputStager, RequestRow
@@ -51,8 +53,8 @@ class StepInFlight:
     reqs: list[Request]
     output_slots: list[int]
     buffer: int
-    lp_logits: torch.Tensor  # what host-path logprobs rows are read from, after the wait
-    prompt_logprob_reqs: list[Request] = field(default_factory=list)  # unpacked after the wait
+    lp_logits: torch.Tensor | None  # what host-path logprobs rows are read from, after the wait
+    prompt_logprob_spans: list[ScoredSpan] = field(default_factory=list)  # unpacked after the wait
 
 
 class ModelRunner:
@@ -63,6 +65,7 @@ class ModelRunner:
         self.max_model_len, self.logprobs_mode = engine.max_model_len, config.logprobs.mode
         self.routing = LogprobsRouting.from_config(config.logprobs)
         vocab, max_rows, k_max = model.config.vocab_size, engine.max_num_seqs, self.routing.k_max
+        self.group_size = model.config.num_attention_heads // model.config.num_key_value_heads
         self.stats = RunnerStats()
         max_blocks = cdiv(engine.max_model_len, engine.block_size)
         self.stager = InputStager(max_rows, max_blocks, engine.block_size, self.device, self._request_row)
@@ -104,28 +107,30 @@ class ModelRunner:
         return self._copy_out(reqs, buffer, lp_logits)
 
     @torch.inference_mode()
-    def prefill(self, reqs: list[Request]) -> StepInFlight:
-        """Whole prompts (or a preempted request's tokens) in one pass; samples each one's next token."""
-        lengths = [req.num_tokens for req in reqs]
-        starts = np.cumsum([0] + lengths).tolist()
-        positions = np.concatenate([np.arange(n) for n in lengths])
-        slots = np.concatenate([cache_slot(np.asarray(r.block_table), np.arange(r.num_tokens), self.block_size)
-                                for r in reqs])  # fmt: skip
-        arch = self.model.config
-        group_size = arch.num_attention_heads // arch.num_key_value_heads
-        plan = PrefillPlan.build(
-            lengths, lengths, [req.block_table for req in reqs], self.device, group_size=group_size
-        )
+    def prefill(self, chunks: list[PrefillChunk]) -> StepInFlight:
+        """Chunks of prompts (or of a preempted request's tokens) in one pass, each attending to the KV its
+        request has in the cache; samples the next token of each request whose last chunk this is."""
+        lengths = [chunk.num_tokens for chunk in chunks]
+        rows = np.cumsum([0] + lengths)  # each chunk's first row of the forward
+        positions = np.concatenate([np.arange(c.start, c.end) for c in chunks])
+        tables = [c.req.block_table for c in chunks]
+        slots = np.concatenate([cache_slot(np.asarray(t), np.arange(c.start, c.end), self.block_size)
+                                for c, t in zip(chunks, tables)])  # fmt: skip
+        plan = PrefillPlan.build(lengths, [c.end for c in chunks], tables, self.device, group_size=self.group_size)
         meta = AttentionMetadata(slot_mapping=self._tensor(slots), prefill=plan)
-        tokens = self._tensor(np.concatenate([req.tokens for req in reqs]))
+        tokens = self._tensor(np.concatenate([c.req.tokens[c.start : c.end] for c in chunks]))
         hidden = self.model(tokens, self._tensor(positions), self.kv_cache, meta)
-        prompt_reqs = self.prompt_logprobs.compute(reqs, hidden, starts, self.model.compute_logits)
-        self.stager.stage(reqs, len(reqs))
-        last = self.model.compute_logits(hidden[self._tensor(starts[1:]) - 1])
-        buffer = self.outputs.next_buffer()
-        lp_logits = self._sample_and_reduce(last, len(reqs), _variant(reqs), buffer)
+        spans = [ScoredSpan.of_chunk(c.req, row, c.start, c.end) for c, row in zip(chunks, rows)]
+        prompt_spans = self.prompt_logprobs.compute([s for s in spans if s], hidden, self.model.compute_logits)
+        last = [(c.req, row + c.num_tokens - 1) for c, row in zip(chunks, rows) if c.is_last]
+        reqs = [req for req, _ in last]
+        buffer, lp_logits = self.outputs.next_buffer(), None
+        if reqs:
+            self.stager.stage(reqs, len(reqs))
+            logits = self.model.compute_logits(hidden[self._tensor([row for _, row in last])])
+            lp_logits = self._sample_and_reduce(logits, len(reqs), _variant(reqs), buffer)
         self.stats.prefill_steps += 1
-        return self._copy_out(reqs, buffer, lp_logits, prompt_reqs)
+        return self._copy_out(reqs, buffer, lp_logits, prompt_spans)
 
     def collect(self, step: StepInFlight) -> list[RowResult]:
         """Wait for a launched step's copy and turn its rows into results."""
@@ -142,7 +147,7 @@ class ModelRunner:
                 on_device.append(i)
         for i, row in zip(on_device, host[on_device]):  # a copy: the pinned rows are reused
             results[i].logprob = row  # built into a TokenLogprob when read (StepLogprobs)
-        self.prompt_logprobs.unpack(step.prompt_logprob_reqs)
+        self.prompt_logprobs.unpack(step.prompt_logprob_spans)
         return results
 
     def _decode_step(self, padded_rows: int, key: tuple[str, int]) -> torch.Tensor:
@@ -184,11 +189,15 @@ class ModelRunner:
         return lp_logits
 
     def _copy_out(
-        self, reqs: list[Request], buffer: int, lp_logits: torch.Tensor, prompt_reqs: list[Request] | None = None
+        self,
+        reqs: list[Request],
+        buffer: int,
+        lp_logits: torch.Tensor | None,
+        prompt_spans: list[ScoredSpan] | None = None,
     ) -> StepInFlight:
         self.outputs.copy_out(buffer, len(reqs))
         slots = [req.reserve_output_slot() for req in reqs]
-        return StepInFlight(reqs, slots, buffer, lp_logits, prompt_reqs or [])
+        return StepInFlight(reqs, slots, buffer, lp_logits, prompt_spans or [])
 
     def _request_row(self, req: Request) -> RequestRow:
         p = req.params

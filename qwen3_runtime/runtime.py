@@ -19,7 +19,7 @@ from qwen3_runtime.loader import load_model
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate, Status
 from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
-from qwen3_runtime.scheduler import Scheduler
+from qwen3_runtime.scheduler import PrefillChunk, Scheduler
 from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.tokenizer import Tokenizer, load_tokenizer
 from qwen3_runtime.validation import plain_token_ids
@@ -44,7 +44,7 @@ class Runtime:
         self.model.build_rope_table(engine.max_model_len)
         num_blocks = num_kv_blocks(engine, arch, self.device, self.dtype)
         self.kv_cache = allocate_kv_cache(arch, num_blocks, engine.block_size, self.dtype, self.device)
-        self.scheduler = Scheduler(engine, BlockManager(num_blocks, engine.block_size))
+        self.scheduler = Scheduler(engine, BlockManager(num_blocks, engine.block_size, engine.prefix_caching))
         self.runner = ModelRunner(self.model, self.kv_cache, config)
         self.eos_token_ids = set(arch.eos_token_ids)
         self._next_id = 0
@@ -131,12 +131,12 @@ class Runtime:
             finished += self._process(launched)
         return finished
 
-    def _schedule(self, previous: StepInFlight | None) -> tuple[list[Request], bool]:
+    def _schedule(self, previous: StepInFlight | None) -> tuple[list[PrefillChunk] | list[Request], bool]:
         """The next batch and whether it is a prefill. While a step is in flight, only a decode batch that
         may overlap it is launched: a prefill waits until nothing is in flight."""
         if previous is None:
             return self.scheduler.schedule()
-        if self.scheduler.can_admit():
+        if self.scheduler.prefill_due():
             return [], False
         ending = frozenset(
             req.request_id

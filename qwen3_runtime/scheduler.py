@@ -1,12 +1,31 @@
-"""Continuous batching: admit prompts while KV blocks allow, decode the running ones, preempt when full."""
+"""Continuous batching with chunked prefill: admit prompts while KV blocks allow, prefill them in chunks of at
+most `max_num_batched_tokens` tokens a step, decode the running ones, preempt when blocks run out."""
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass
 
 from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.config import EngineConfig
-from qwen3_runtime.request import Request, Status
+from qwen3_runtime.request import PENDING, Request, Status
+
+
+@dataclass
+class PrefillChunk:
+    """Tokens [start, end) of `req`, computed by one prefill forward; the last chunk samples the next token."""
+
+    req: Request
+    start: int
+    end: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.end - self.start
+
+    @property
+    def is_last(self) -> bool:
+        return self.end == self.req.num_tokens
 
 
 class Scheduler:
@@ -14,52 +33,88 @@ class Scheduler:
         self.cfg = cfg
         self.blocks = blocks
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.prefilling: list[Request] = []  # admitted, their prompts' KV partly computed
+        self.running: list[Request] = []  # decoding
         self.num_preemptions = 0
+        self._decode_turn = False  # a prefill step ran while requests were decoding
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
 
     def has_work(self) -> bool:
-        return bool(self.waiting or self.running)
+        return bool(self.waiting or self.prefilling or self.running)
 
-    def schedule(self) -> tuple[list[Request], bool]:
-        """The next batch and whether it is a prefill. Prefill first, so new requests join soon."""
-        batch = self._admit()
-        if batch:
-            return batch, True
+    def schedule(self) -> tuple[list[PrefillChunk] | list[Request], bool]:
+        """The next batch and whether it is a prefill. Prefill first, so new requests join soon; but while
+        requests decode, a prefill step and a decode step alternate, so a decoding request waits for at most
+        one prefill chunk between two of its tokens."""
+        if not (self.running and self._decode_turn):
+            chunks = self._prefill_chunks()
+            if chunks:
+                self._decode_turn = bool(self.running)
+                return chunks, True
+        self._decode_turn = False
         return self.decode_batch(), False
 
-    def can_admit(self) -> bool:
+    def prefill_due(self) -> bool:
         """Whether schedule() would prefill now."""
-        if not self.waiting or len(self.running) >= self.cfg.max_num_seqs:
+        if self.running and self._decode_turn:
             return False
-        req = self.waiting[0]
-        return req.num_tokens <= self.cfg.max_num_batched_tokens and self.blocks.can_grow(req)
+        return bool(self.prefilling) or (self._has_room() and self._fits(self.waiting[0]))
 
     def finish(self, req: Request) -> None:
-        """Also for a sequence preempted while its last step was still in flight (async scheduling)."""
+        """Also for a request preempted while its last step was still in flight (async scheduling)."""
         req.status = Status.FINISHED
-        self.blocks.release(req)
-        (self.running if req in self.running else self.waiting).remove(req)
+        self._release(req)
+        for queue in (self.running, self.prefilling, self.waiting):
+            if req in queue:
+                queue.remove(req)
+                return
 
-    def _admit(self) -> list[Request]:
-        batch: list[Request] = []
-        tokens = 0
-        while self.waiting and len(self.running) < self.cfg.max_num_seqs:
-            req = self.waiting[0]
-            if tokens + req.num_tokens > self.cfg.max_num_batched_tokens or not self.blocks.can_grow(req):
+    def _has_room(self) -> bool:
+        return bool(self.waiting) and len(self.running) + len(self.prefilling) < self.cfg.max_num_seqs
+
+    def _fits(self, req: Request) -> bool:
+        """Whether blocks for all of req's tokens can be had now (its cached prefix counted as its own)."""
+        return self.blocks.can_admit(req) if self._reuses_prefix(req) else self.blocks.can_grow(req)
+
+    def _reuses_prefix(self, req: Request) -> bool:
+        # Prompt logprobs need the logits of every prompt position: a request asking for them computes its
+        # whole prompt, cached or not.
+        return not req.needs_prompt_logprobs
+
+    def _prefill_chunks(self) -> list[PrefillChunk]:
+        """Chunks of the prompts being prefilled, then of newly admitted ones, up to the step's token budget.
+        A request gets blocks for all its tokens when admitted, so a prefill never waits for blocks midway."""
+        budget, chunks = self.cfg.max_num_batched_tokens, []
+        for req in self.prefilling:
+            if budget == 0:
                 break
-            self.waiting.popleft()
+            chunks.append(self._chunk(req, budget))
+            budget -= chunks[-1].num_tokens
+        while budget and self._has_room() and self._fits(self.waiting[0]):
+            req = self.waiting.popleft()
+            req.num_computed_tokens = self.blocks.allocate_prefix(req) if self._reuses_prefix(req) else 0
             self.blocks.grow(req)
             req.status = Status.RUNNING
-            self.running.append(req)
-            batch.append(req)
-            tokens += req.num_tokens
-        return batch
+            self.prefilling.append(req)
+            chunks.append(self._chunk(req, budget))
+            budget -= chunks[-1].num_tokens
+        for chunk in chunks:  # scheduled: their KV counts as computed, so later requests may reuse it
+            chunk.req.num_computed_tokens = chunk.end
+            self.blocks.cache_blocks(chunk.req, chunk.end)
+            if chunk.is_last:
+                self.prefilling.remove(chunk.req)
+                self.running.append(chunk.req)
+        return chunks
+
+    @staticmethod
+    def _chunk(req: Request, budget: int) -> PrefillChunk:
+        start = req.num_computed_tokens
+        return PrefillChunk(req, start, min(req.num_tokens, start + budget))
 
     def decode_batch(self, finishing: frozenset[int] = frozenset()) -> list[Request]:
-        """Every running sequence gets a slot for its next token; the newest are preempted to make room.
+        """Every running request gets a slot for its next token; the newest are preempted to make room.
         `finishing`: ids of requests known to end with the step in flight, left out."""
         batch = []
         for req in list(self.running):
@@ -78,9 +133,22 @@ class Scheduler:
         return batch
 
     def _preempt(self, req: Request) -> None:
-        """Free its blocks and queue it first; it is recomputed from its tokens when readmitted."""
-        self.blocks.release(req)
+        """Free its blocks (full ones stay cached) and queue it first; it is recomputed from its tokens (or
+        its cached prefix) when readmitted."""
+        self._release(req)
         self.running.remove(req)
         req.status = Status.WAITING
+        req.num_computed_tokens = 0
         self.waiting.appendleft(req)
         self.num_preemptions += 1
+
+    def _release(self, req: Request) -> None:
+        """Free req's blocks; the full ones whose KV is written stay cached for requests that share them."""
+        if req in self.prefilling:
+            written = req.num_computed_tokens
+        else:  # decoding: up to its last known token (an output slot not read yet holds PENDING), whose own
+            # KV the next step writes
+            known = req.output.index(PENDING) if PENDING in req.output else len(req.output)
+            written = len(req.prompt) + known - 1
+        self.blocks.cache_blocks(req, written)
+        self.blocks.release(req)

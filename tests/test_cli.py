@@ -82,7 +82,7 @@ def test_user_errors_are_one_line_and_exit_2(case, words, capsys, monkeypatch, t
         "no_path": lambda: ["--set", f"model.path={tmp_path / 'nowhere'}"],
         "cuda": lambda: ["--set", "engine.device=cuda"],
         "kv_blocks": lambda: ["--set", "engine.num_kv_blocks=1"],
-        "max_model_len": lambda: ["--set", "engine.max_model_len=4096", "--set", "engine.max_num_batched_tokens=4096"],
+        "max_model_len": lambda: ["--set", "engine.max_model_len=4096"],
         "yaml": lambda: ["--config", str(bad_yaml)],
         "empty_safetensors": lambda: ckpt("model.safetensors", b""),
         "truncated_safetensors": lambda: ckpt("model.safetensors", weights[: len(weights) // 2]),

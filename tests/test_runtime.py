@@ -34,7 +34,7 @@ def test_preemption_recomputes_without_changing_tokens(make_runtime, tiny_checkp
     outs = rt.generate(prompts, GREEDY)
     assert rt.scheduler.num_preemptions > 0
     assert [o.token_ids for o in outs] == reference
-    assert len(rt.scheduler.blocks.free) == 10
+    assert rt.scheduler.blocks.num_free_blocks == 10
 
 
 @pytest.mark.parametrize(
@@ -148,7 +148,7 @@ def test_async_scheduling_gives_the_same_results(make_runtime, tiny_checkpoint, 
     assert _results(outs) == _results(reference)
     assert outs[1].finish_reason == "stop" and outs[1].token_ids[-1] == free[5]
     assert outs[6].finish_reason == "length" and len(outs[6].token_ids) == 4
-    assert rt.scheduler.num_preemptions > 0 and len(rt.scheduler.blocks.free) == 10
+    assert rt.scheduler.num_preemptions > 0 and rt.scheduler.blocks.num_free_blocks == 10
     # Launched ahead of the read, except around host-path rows: those read the step's logits after it.
     assert any(overlap for overlap, _ in overlaps) and not rt.has_unfinished()
     assert any(overlap and logprobs for overlap, logprobs in overlaps) == (path == "device")
@@ -190,14 +190,14 @@ def test_streamed_updates_add_up_to_the_outputs(make_runtime, tiny_checkpoint, a
 @pytest.mark.parametrize("async_scheduling", [True, False])
 def test_abort_frees_the_blocks_at_once_and_ends_the_request(make_runtime, tiny_checkpoint, async_scheduling):
     rt = make_runtime(tiny_checkpoint, engine__async_scheduling=async_scheduling)
-    total = len(rt.scheduler.blocks.free)
+    total = rt.scheduler.blocks.num_free_blocks
     params = SamplingParams(max_tokens=40, temperature=0, ignore_eos=True)
     doomed = rt.add_request(list(range(1, 40)), params, stream=True)
     kept = rt.add_request([9, 8, 7], params)
     for _ in range(5):
         rt.step()
     rt.abort(doomed)
-    assert len(rt.scheduler.blocks.free) == total - len(rt.scheduler.running[0].block_table)
+    assert rt.scheduler.blocks.num_free_blocks == total - len(rt.scheduler.running[0].block_table)
     rt.abort(doomed)  # again, and an unknown id: ignored
     rt.abort(12345)
     finished, updates = _drain(rt)
@@ -205,7 +205,7 @@ def test_abort_frees_the_blocks_at_once_and_ends_the_request(make_runtime, tiny_
     assert [u.finish_reason for u in updates if u.request_id == doomed][-1] == "abort"
     alone = make_runtime(tiny_checkpoint).generate([[9, 8, 7]], params)[0]
     assert finished[kept].token_ids == alone.token_ids
-    assert len(rt.scheduler.blocks.free) == total
+    assert rt.scheduler.blocks.num_free_blocks == total
 
 
 def test_text_and_chat_prompts_go_through_the_tokenizer(make_runtime):

@@ -1,13 +1,15 @@
 """Prompt logprobs of a prefill: raw logprobs of prompt tokens 1..n-1 (token 0 has no context).
 
-At most [chunk, V] logits exist at once. Device-path results are packed like a step's rows
-(O(tokens * (k + 1)), never O(V)), copied out once after the last chunk, and read after the step's one
+A forward scores the prompt positions it computes (a whole prompt, or one chunk of it); a request's pieces
+gather on it until its last one. At most [chunk, V] logits exist at once. Device-path results are packed like
+a step's rows (O(tokens * (k + 1)), never O(V)), copied out once per forward, and read after the step's one
 wait; host-path requests take the full-row path."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -22,6 +24,32 @@ from qwen3_runtime.stats import RunnerStats
 NOT_FINITE = "the model's logits for this request were not finite (NaN or inf); the request was stopped"
 
 Logits = Callable[[torch.Tensor], torch.Tensor]  # hidden states [T, hidden] -> fp32 logits [T, V]
+
+
+@dataclass
+class ScoredSpan:
+    """Prompt positions [start, end) of `req` whose logits this forward computes, in hidden rows from `row`:
+    position p scores prompt token p + 1."""
+
+    req: Request
+    row: int
+    start: int
+    end: int
+
+    @classmethod
+    def of_chunk(cls, req: Request, row: int, start: int, end: int) -> ScoredSpan | None:
+        """The span a forward over req's tokens [start, end) scores, or None when it scores nothing new."""
+        last = len(req.prompt) - 1  # positions 0..last-1 score tokens 1..last
+        span = cls(req, row, start, min(end, last))
+        return span if req.needs_prompt_logprobs and (span.start < span.end or span.is_last) else None
+
+    @property
+    def is_last(self) -> bool:
+        return self.end >= len(self.req.prompt) - 1
+
+    @property
+    def positions(self) -> np.ndarray:
+        return np.arange(self.start, max(self.start, self.end))
 
 
 class PromptLogprobs:
@@ -39,35 +67,33 @@ class PromptLogprobs:
         self.packed = torch.zeros(max_tokens, packed_width(routing.k_max), dtype=torch.int32, device=device)
         self.host = torch.zeros_like(self.packed, device="cpu", pin_memory=device.type == "cuda")
 
-    def compute(self, reqs: list[Request], hidden: torch.Tensor, starts: Seq[int], logits: Logits) -> list[Request]:
-        """Prompt logprobs of the requests that ask, `starts[i]`: reqs[i]'s first row of `hidden`. Returns
-        the device-path requests, whose results `unpack` reads once the step's copy has landed."""
+    def compute(self, spans: list[ScoredSpan], hidden: torch.Tensor, logits: Logits) -> list[ScoredSpan]:
+        """Score the spans. Returns the device-path ones, whose results `unpack` reads once the step's copy
+        has landed."""
         on_device = []
-        for req, start in zip(reqs, starts):
-            if not req.needs_prompt_logprobs:
-                continue
-            if self.routing.on_host(req.params.prompt_logprobs):
-                self._on_host(req, start, hidden, logits)
+        for span in spans:
+            if self.routing.on_host(span.req.params.prompt_logprobs):
+                self._on_host(span, hidden, logits)
             else:
-                on_device.append((req, start))
+                on_device.append(span)
         if on_device:
             self._on_device(on_device, hidden, logits)
-        return [req for req, _ in on_device]
+        return on_device
 
-    def unpack(self, reqs: list[Request]) -> None:
-        """Each request's block of the landed copy, kept packed (PackedLogprobs) until read."""
+    def unpack(self, spans: list[ScoredSpan]) -> None:
+        """Each span's block of the landed copy joins its request's pieces (kept packed until read)."""
         host, begin = self.host.numpy(), 0
-        for req in reqs:
-            end = begin + len(req.prompt) - 1
-            _set_prompt_logprobs(req, PackedLogprobs(host[begin:end].copy(), req.params.prompt_logprobs, leading=1))
+        for span in spans:
+            end = begin + len(span.positions)
+            span.req.prompt_logprob_parts.append(host[begin:end].copy())
             begin = end
+            if span.is_last:
+                rows = np.concatenate(span.req.prompt_logprob_parts)
+                _set_prompt_logprobs(span.req, PackedLogprobs(rows, span.req.params.prompt_logprobs, leading=1))
 
-    def _on_device(self, reqs_and_starts: list[tuple[Request, int]], hidden: torch.Tensor, logits: Logits) -> None:
-        rows, targets = _scored_positions(reqs_and_starts)
-        num_top = np.repeat(
-            [req.params.prompt_logprobs for req, _ in reqs_and_starts],
-            [len(req.prompt) - 1 for req, _ in reqs_and_starts],
-        )
+    def _on_device(self, spans: list[ScoredSpan], hidden: torch.Tensor, logits: Logits) -> None:
+        rows, targets = _scored_rows(spans)
+        num_top = np.repeat([span.req.params.prompt_logprobs for span in spans], [len(s.positions) for s in spans])
         rows, targets, num_top = self._tensor(np.stack([rows, targets, num_top]))  # one upload
         packed = self.packed[: len(rows)]
         for begin in range(0, len(rows), self.chunk_size):
@@ -78,30 +104,31 @@ class PromptLogprobs:
         self.host[: len(rows)].copy_(packed, non_blocking=True)
         self.stats.count_copy(packed.numel() * packed.element_size(), synced=False)
 
-    def _on_host(self, req: Request, start: int, hidden: torch.Tensor, logits: Logits) -> None:
-        rows, targets = _scored_positions([(req, start)])
-        entries: list[TokenLogprob | None] = [None]
+    def _on_host(self, span: ScoredSpan, hidden: torch.Tensor, logits: Logits) -> None:
+        rows, targets = _scored_rows([span])
+        k = span.req.params.prompt_logprobs
         for begin in range(0, len(rows), self.chunk_size):
             chunk_logits = logits(hidden[self._tensor(rows[begin : begin + self.chunk_size])])
-            k = req.params.prompt_logprobs
-            entries += [
+            span.req.prompt_logprob_parts += [
                 full_row_logprob(row, target, k, self.stats)
                 for row, target in zip(chunk_logits, targets[begin : begin + self.chunk_size])
             ]
-        _set_prompt_logprobs(req, entries)
+        if span.is_last:
+            _set_prompt_logprobs(span.req, [None, *span.req.prompt_logprob_parts])
 
     def _tensor(self, values: np.ndarray) -> torch.Tensor:
         return torch.as_tensor(values, dtype=torch.int64).to(self.device, non_blocking=True)
 
 
-def _scored_positions(reqs_and_starts: list[tuple[Request, int]]) -> tuple[np.ndarray, np.ndarray]:
-    """Rows of the prefill's hidden states that score prompt tokens 1..n-1, and those tokens."""
-    rows = [start + np.arange(len(req.prompt) - 1) for req, start in reqs_and_starts]
-    targets = [np.asarray(req.prompt[1:], dtype=np.int64) for req, _ in reqs_and_starts]
+def _scored_rows(spans: list[ScoredSpan]) -> tuple[np.ndarray, np.ndarray]:
+    """The spans' rows of the forward's hidden states, and the prompt tokens they score."""
+    rows = [span.row - span.start + span.positions for span in spans]
+    prompts = [np.asarray(span.req.prompt, dtype=np.int64) for span in spans]
+    targets = [prompt[span.positions + 1] for prompt, span in zip(prompts, spans)]
     return np.concatenate(rows), np.concatenate(targets)
 
 
 def _set_prompt_logprobs(req: Request, entries: Seq[TokenLogprob | None]) -> None:
-    req.prompt_logprobs = entries
+    req.prompt_logprobs, req.prompt_logprob_parts = entries, []
     if entries.count(None) > 1:  # beyond the first token's
         req.error = NOT_FINITE

@@ -99,8 +99,8 @@ class EngineLoop:
         gpu = torch.cuda.memory_allocated(self.rt.device) if self.rt.device.type == "cuda" else 0
         blocks = sched.blocks
         return EngineStats(
-            len(sched.running), len(sched.waiting), self.rt.stats,
-            len(blocks.free), blocks.num_blocks, rss_bytes(), gpu, sched.num_preemptions,
+            len(sched.running) + len(sched.prefilling), len(sched.waiting), self.rt.stats,
+            blocks.num_free_blocks, blocks.num_blocks, rss_bytes(), gpu, sched.num_preemptions,
         )  # fmt: skip
 
 
