@@ -29,8 +29,8 @@ from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.ops.prefill_attention import PrefillPlan
 from qwen3_runtime.packing import pack, packed_width
 from qwen3_runtime.request import Request
-from qwen3_runtime.scheduler import PrefillChunk
 from qwen3_runtime.sampler import processed_logits, sample
+from qwen3_runtime.scheduler import PrefillChunk
 from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.step_inputs import InputStager, RequestRow
 from qwen3_runtime.step_output import StepOutputs
