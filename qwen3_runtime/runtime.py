@@ -119,6 +119,9 @@ class Runtime:
         (whose input tokens the device reads from the step in flight) before processing it."""
         previous, self._in_flight = self._in_flight, None
         finished, self._aborted = self._aborted, []
+        if previous is not None and self.scheduler.prefill_due():  # a prefill runs when nothing is in flight
+            finished += self._process(previous)
+            previous = None
         reqs, is_prefill = self._schedule(previous)
         launched = None
         if reqs:
@@ -133,11 +136,9 @@ class Runtime:
 
     def _schedule(self, previous: StepInFlight | None) -> tuple[list[PrefillChunk] | list[Request], bool]:
         """The next batch and whether it is a prefill. While a step is in flight, only a decode batch that
-        may overlap it is launched: a prefill waits until nothing is in flight."""
+        may overlap it is launched."""
         if previous is None:
             return self.scheduler.schedule()
-        if self.scheduler.prefill_due():
-            return [], False
         ending = frozenset(
             req.request_id
             for req, slot in zip(previous.reqs, previous.output_slots)

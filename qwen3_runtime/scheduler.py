@@ -48,12 +48,15 @@ class Scheduler:
         """The next batch and whether it is a prefill. Prefill first, so new requests join soon; but while
         requests decode, a prefill step and a decode step alternate, so a decoding request waits for at most
         one prefill chunk between two of its tokens."""
-        if not (self.running and self._decode_turn):
-            chunks = self._prefill_chunks()
-            if chunks:
-                self._decode_turn = bool(self.running)
-                return chunks, True
-        self._decode_turn = False
+        if self.running and self._decode_turn:
+            self._decode_turn = False
+            batch = self.decode_batch()
+            if batch:  # empty when every decoding request was preempted: the prefill goes on
+                return batch, False
+        chunks = self._prefill_chunks()
+        if chunks:
+            self._decode_turn = bool(self.running)
+            return chunks, True
         return self.decode_batch(), False
 
     def prefill_due(self) -> bool:

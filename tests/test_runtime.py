@@ -217,3 +217,56 @@ def test_text_and_chat_prompts_go_through_the_tokenizer(make_runtime):
     assert [out.prompt_token_ids for out in by_text[:2]] == ids
     assert [out.token_ids for out in by_text[:2]] == [out.token_ids for out in rt.generate(ids, params)]
     assert by_text[2].error == "prompt is empty: a request needs at least one prompt token id"
+
+
+def _close_logprobs(a, b, tol=1e-4):
+    """Two runs' logprob entries: the same tokens and ranks, values within tol."""
+    if a is None or b is None:
+        assert a is b
+        return
+    assert len(a) == len(b)
+    for x, y in zip(a, b):
+        assert (x is None) == (y is None)
+        if x is not None:
+            assert (x.token_id, x.rank, x.top_ids) == (y.token_id, y.rank, y.top_ids)
+            assert abs(x.logprob - y.logprob) < tol and abs(x.logsumexp - y.logsumexp) < tol
+
+
+def test_chunked_and_prefix_cached_prefills_equal_a_cold_whole_prefill(make_runtime, tiny_checkpoint):
+    shared = [(7 * i) % 500 + 1 for i in range(37)]  # 2 full blocks of 16, and 5 tokens more
+    prompts = [shared + [9, 8, 7], shared + list(range(100, 133)), shared[:32], shared + [3] * 60]
+    params = [
+        SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5),
+        SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5, prompt_logprobs=5),
+        SamplingParams(max_tokens=8, temperature=0.8, top_k=40, seed=5, ignore_eos=True, logprobs=3),
+        SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, prompt_logprobs=2),
+    ]
+    cold = make_runtime(tiny_checkpoint, engine__prefix_caching=False).generate(prompts, params)
+    chunked = make_runtime(tiny_checkpoint, engine__prefix_caching=False, engine__max_num_batched_tokens=13)
+    cached = make_runtime(tiny_checkpoint, engine__max_num_batched_tokens=24)
+    cached.generate([shared + [1]], SamplingParams(max_tokens=2))  # leaves the shared blocks cached
+    for rt in (chunked, cached):
+        outs = rt.generate(prompts, params)
+        for out, ref in zip(outs, cold):
+            assert out.token_ids == ref.token_ids and out.error is None
+            _close_logprobs(out.logprobs, ref.logprobs)
+            _close_logprobs(out.prompt_logprobs, ref.prompt_logprobs)
+    assert chunked.stats.prefill_steps > 10
+    stats = cached.scheduler.blocks.stats()
+    # The requests without prompt logprobs reuse the shared blocks: both for the first, one for the third,
+    # which is those two blocks exactly and computes its last one again; the warm-up found nothing.
+    assert stats.hit_tokens == 32 + 16 and stats.query_tokens == 38 + 40 + 32 and stats.num_used == 0
+
+
+def test_decoding_requests_go_on_while_a_long_prompt_is_prefilled_in_chunks(make_runtime, tiny_checkpoint):
+    rt = make_runtime(tiny_checkpoint, engine__max_num_batched_tokens=16)
+    steps = []
+    prefill, launch_decode = rt.runner.prefill, rt.runner.launch_decode
+    rt.runner.prefill = lambda chunks: steps.append("P") or prefill(chunks)
+    rt.runner.launch_decode = lambda reqs, *a: steps.append("D") or launch_decode(reqs, *a)
+    rt.add_request([5, 6, 7], GREEDY)
+    rt.step()  # the short prompt's prefill
+    long = rt.add_request(list(range(1, 161)), GREEDY)  # ten chunks of 16
+    while not rt._live[long].output or rt._live[long].output[0] == PENDING:
+        rt.step()
+    assert "".join(steps) == "P" + "DP" * 10  # a decode step between chunks: the short one keeps going

@@ -6,29 +6,36 @@ from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.config import EngineConfig
 from qwen3_runtime.ops import cdiv
 from qwen3_runtime.request import Request, Status
-from qwen3_runtime.scheduler import Scheduler
+from qwen3_runtime.scheduler import PrefillChunk, Scheduler
 
 MAX_MODEL_LEN = 32
 
 
-def _scheduler(num_blocks: int, block_size: int = 4, max_num_seqs: int = 8, max_num_batched_tokens: int = 64):
+def _scheduler(
+    num_blocks: int,
+    block_size: int = 4,
+    max_num_seqs: int = 8,
+    max_num_batched_tokens: int = 64,
+    prefix_caching: bool = False,
+):
     engine = EngineConfig(
         max_model_len=MAX_MODEL_LEN,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         block_size=block_size,
     )
-    return Scheduler(engine, BlockManager(num_blocks, block_size))
+    return Scheduler(engine, BlockManager(num_blocks, block_size, prefix_caching))
 
 
-def _request(request_id: int, prompt_len: int) -> Request:
-    return Request(request_id, [1] * prompt_len, SamplingParams(), seed=0)
+def _request(request_id: int, prompt_len: int, prompt_logprobs: int | None = None, token: int = 1) -> Request:
+    return Request(request_id, [token] * prompt_len, SamplingParams(prompt_logprobs=prompt_logprobs), seed=0)
 
 
-def _step(batch: list[Request]) -> None:
-    """What a step does to the scheduled requests: one new token each."""
-    for req in batch:
-        req.output.append(0)
+def _step(batch: list, is_prefill: bool) -> None:
+    """What a step does: a token for each decoded request and each request whose last chunk ran."""
+    for item in batch:
+        if not is_prefill or item.is_last:
+            (item.req if is_prefill else item).output.append(0)
 
 
 def _ids(reqs) -> list[int]:
@@ -36,67 +43,115 @@ def _ids(reqs) -> list[int]:
 
 
 def _add(sched: Scheduler, *prompt_lens: int) -> list[Request]:
-    reqs = [_request(len(sched.waiting) + len(sched.running) + i, n) for i, n in enumerate(prompt_lens)]
+    start = len(sched.waiting) + len(sched.prefilling) + len(sched.running)
+    reqs = [_request(start + i, n) for i, n in enumerate(prompt_lens)]
     for req in reqs:
         sched.add(req)
     return reqs
 
 
-def _schedule(sched: Scheduler) -> tuple[list[int], bool]:
+def _schedule(sched: Scheduler) -> tuple[list, bool]:
+    """(request id, start, end) per prefill chunk, or the decoded ids; and whether it is a prefill. Runs it."""
     batch, is_prefill = sched.schedule()
-    return _ids(batch), is_prefill
+    _step(batch, is_prefill)
+    if is_prefill:
+        return [(c.req.request_id, c.start, c.end) for c in batch], True
+    return _ids(batch), False
 
 
 def test_admission_stops_at_max_num_seqs():
     sched = _scheduler(num_blocks=100, max_num_seqs=2)
     reqs = _add(sched, 3, 3, 3)
-    assert _schedule(sched) == ([0, 1], True)
-    assert not sched.can_admit() and _ids(sched.waiting) == [2]
+    assert _schedule(sched) == ([(0, 0, 3), (1, 0, 3)], True)
+    assert not sched.prefill_due() and _ids(sched.waiting) == [2]
     assert _schedule(sched) == ([0, 1], False)  # the running ones decode; the third waits
     sched.finish(reqs[0])
-    assert sched.can_admit() and _schedule(sched) == ([2], True)
+    assert sched.prefill_due() and _schedule(sched) == ([(2, 0, 3)], True)
 
 
-def test_admission_stops_at_max_num_batched_tokens_in_arrival_order():
-    sched = _scheduler(num_blocks=100, max_num_batched_tokens=40)
-    _add(sched, 30, 20, 5)
-    assert _schedule(sched) == ([0], True)  # 30 + 20 > 40: the second waits, and the third behind it
-    assert _schedule(sched) == ([1, 2], True)  # 25 tokens in one prefill
+def test_prompts_are_chunked_within_the_token_budget_and_alternate_with_decoding():
+    sched = _scheduler(num_blocks=100, max_num_batched_tokens=16)
+    _add(sched, 10, 20, 5)
+    assert _schedule(sched) == ([(0, 0, 10), (1, 0, 6)], True)  # the second prompt's first chunk fills the step
+    assert _ids(sched.prefilling) == [1] and _ids(sched.running) == [0]
+    assert _schedule(sched) == ([0], False)  # a prefill step, then a decode step, while requests decode
+    assert _schedule(sched) == ([(1, 6, 20), (2, 0, 2)], True)  # the chunked one first, then the queue
+    assert _schedule(sched) == ([0, 1], False)
+    assert _schedule(sched) == ([(2, 2, 5)], True)
+    assert _schedule(sched) == ([0, 1, 2], False) and _schedule(sched) == ([0, 1, 2], False)  # nothing to prefill
+
+
+def test_a_chunked_prompt_holds_blocks_for_all_its_tokens_from_admission():
+    sched = _scheduler(num_blocks=6, block_size=4, max_num_batched_tokens=4)
+    a, b = _add(sched, 16, 9)  # a takes 4 blocks; b needs 3 of the 2 left
+    assert _schedule(sched) == ([(0, 0, 4)], True) and len(a.block_table) == 4
+    assert not sched.waiting[0].block_table and sched.blocks.num_free_blocks == 2
+    for start in (4, 8, 12):  # nothing decodes yet, so chunks follow each other
+        assert _schedule(sched) == ([(0, start, start + 4)], True)
+    assert _schedule(sched) == ([0], False) and _ids(sched.waiting) == [1]
 
 
 def test_admission_stops_when_blocks_run_out():
     sched = _scheduler(num_blocks=5, block_size=4)
     reqs = _add(sched, 9, 9, 1)  # 3 + 3 blocks: the second does not fit, and the third waits behind it
-    assert _schedule(sched) == ([0], True) and reqs[0].block_table == [0, 1, 2]
-    assert not sched.can_admit() and len(sched.blocks.free) == 2
+    assert _schedule(sched) == ([(0, 0, 9)], True) and reqs[0].block_table == [0, 1, 2]
+    assert not sched.prefill_due() and sched.blocks.num_free_blocks == 2
     assert _schedule(sched) == ([0], False)  # decode: its 3 blocks hold token 10
     sched.finish(reqs[0])
-    assert _schedule(sched) == ([1, 2], True)
+    assert _schedule(sched) == ([(1, 0, 9), (2, 0, 1)], True)
 
 
 def test_the_newest_running_request_is_preempted_and_queued_first():
     sched = _scheduler(num_blocks=3, block_size=4)
-    a, b, c = _add(sched, 4, 2, 2)  # a block each: none free
-    assert _schedule(sched) == ([0, 1, 2], True)
-    (d,) = _add(sched, 1)  # cannot be admitted: no block free
-    _step([a, b, c])  # a's 5th token needs a second block
+    a, b, c = _add(sched, 3, 2, 2)  # a block each: none free
+    assert _schedule(sched) == ([(0, 0, 3), (1, 0, 2), (2, 0, 2)], True)
+    _add(sched, 1)  # cannot be admitted: no block free
+    a.output.append(0)  # a's 5th token needs a second block
     assert _schedule(sched) == ([0, 1], False)
     assert sched.num_preemptions == 1 and _ids(sched.running) == [0, 1] and _ids(sched.waiting) == [2, 3]
     assert c.status is Status.WAITING and c.block_table == [] and len(a.block_table) == 2
 
 
-def test_preempted_requests_are_requeued_ahead_of_new_ones_in_arrival_order():
+def test_a_preempted_request_is_recomputed_from_its_prompt_and_output():
     sched = _scheduler(num_blocks=3, block_size=4)
     a, b, c = _add(sched, 4, 4, 4)
-    assert _schedule(sched) == ([0, 1, 2], True)
+    assert _schedule(sched) == ([(0, 0, 4), (1, 0, 4), (2, 0, 4)], True)
     _add(sched, 1)
-    _step([a, b, c])  # every one needs a second block: c goes for a, then b for itself
-    assert _schedule(sched) == ([0], False) and sched.num_preemptions == 2
+    assert _schedule(sched) == ([0], False) and sched.num_preemptions == 2  # each wants a second block
     assert _ids(sched.waiting) == [1, 2, 3] and _ids(sched.running) == [0]
-    _step([a])
     sched.finish(a)
-    # Recomputed from prompt and output: b's 5 tokens take 2 blocks, c's would take 2 more of the 1 left.
-    assert _schedule(sched) == ([1], True) and _ids(sched.waiting) == [2, 3]
+    # b's prompt and its one output: 5 tokens, two blocks; c's would take two more of the one left.
+    assert _schedule(sched) == ([(1, 0, 5)], True) and _ids(sched.waiting) == [2, 3]
+
+
+def test_a_cached_prefix_is_reused_but_not_by_requests_asking_for_prompt_logprobs():
+    sched = _scheduler(num_blocks=20, block_size=4, prefix_caching=True)
+    first = _request(0, 10)
+    sched.add(first)
+    assert _schedule(sched) == ([(0, 0, 10)], True)  # two full blocks registered
+    hit, logprobs, whole = _request(1, 12), _request(2, 12, prompt_logprobs=1), _request(3, 8)
+    for req in (hit, logprobs, whole):
+        sched.add(req)
+    assert _schedule(sched) == ([0], False)  # decode turn
+    # The hit starts after the 8 cached tokens; a fully cached prompt still computes its last block.
+    assert _schedule(sched) == ([(1, 8, 12), (2, 0, 12), (3, 4, 8)], True)
+    assert hit.block_table[:2] == first.block_table[:2] == whole.block_table[:1] + [first.block_table[1]]
+    assert logprobs.block_table[0] not in first.block_table
+    assert sched.blocks.stats().hit_tokens == 8 + 4
+
+
+def test_a_finished_request_leaves_its_full_blocks_cached_up_to_its_last_computed_token():
+    sched = _scheduler(num_blocks=20, block_size=4, prefix_caching=True)
+    (a,) = _add(sched, 6)
+    _schedule(sched)  # prefill: 6 tokens, one full block; a's first output comes with it
+    for _ in range(3):
+        _schedule(sched)  # three decode steps: outputs 2..4, 10 tokens known, KV written for 9
+    sched.finish(a)
+    stats = sched.blocks.check()
+    assert stats.num_cached == 2 and stats.num_evictable == 2 and stats.num_used == 0
+    again = Request(1, a.prompt + a.output[:3], SamplingParams(), seed=0)  # 9 tokens: 8 reusable
+    sched.add(again)
+    assert _schedule(sched) == ([(1, 8, 9)], True)
 
 
 # Mostly steps, so requests grow until blocks run out and the scheduler preempts.
@@ -112,55 +167,76 @@ OPS = st.lists(
     block_size=st.integers(1, 8),
     extra_blocks=st.integers(0, 6),
     max_num_seqs=st.integers(1, 6),
-    max_num_batched_tokens=st.integers(MAX_MODEL_LEN, 2 * MAX_MODEL_LEN),
+    max_num_batched_tokens=st.integers(1, 2 * MAX_MODEL_LEN),
+    prefix_caching=st.booleans(),
     ops=OPS,
 )
 def test_any_sequence_of_steps_keeps_blocks_and_queues_consistent(
-    block_size, extra_blocks, max_num_seqs, max_num_batched_tokens, ops
+    block_size, extra_blocks, max_num_seqs, max_num_batched_tokens, prefix_caching, ops
 ):
-    """Random adds, steps (prefill or decode, each scheduled request gaining a token; those at max_model_len
-    end, as the runtime ends them) and finishes (running or waiting, as an error or a stop does)."""
+    """Random adds (prompts sharing prefixes), steps (chunks computed, requests gaining tokens; those at
+    max_model_len end, as the runtime ends them) and finishes (prefilling, running or waiting, as an error,
+    a stop or an abort does)."""
     num_blocks = cdiv(MAX_MODEL_LEN, block_size) + extra_blocks  # any one request fits alone
-    sched = _scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens)
+    sched = _scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, prefix_caching)
     reqs: list[Request] = []
     for op, arg in ops:
         if op == "add":
-            reqs.append(_request(len(reqs), 1 + arg % (12 if arg < 80 else MAX_MODEL_LEN)))  # mostly short: many grow
+            length = 1 + arg % (12 if arg < 80 else MAX_MODEL_LEN)  # mostly short: many grow
+            reqs.append(Request(len(reqs), [1 + arg % 3] * length, SamplingParams(), seed=0))
             sched.add(reqs[-1])
         elif op == "finish" and sched.has_work():
-            live = list(sched.waiting) + sched.running
+            live = list(sched.waiting) + sched.prefilling + sched.running
             sched.finish(live[arg % len(live)])
         elif op == "step":
             _check_step(sched)
-        _check_state(sched, reqs, num_blocks)
+        _check_state(sched, reqs)
 
 
 def _check_step(sched: Scheduler) -> None:
-    running, waiting = _ids(sched.running), _ids(sched.waiting)
+    prefilling, running, waiting = _ids(sched.prefilling), _ids(sched.running), _ids(sched.waiting)
+    computed = {req.request_id: req.num_computed_tokens for req in sched.prefilling}
     batch, is_prefill = sched.schedule()
-    assert bool(batch) == bool(running or waiting)  # something always runs: any one request fits
-    if is_prefill:  # admitted from the head of the queue, within the limits
-        assert _ids(batch) == waiting[: len(batch)] and _ids(sched.running) == running + _ids(batch)
-        assert sum(req.num_tokens for req in batch) <= sched.cfg.max_num_batched_tokens
+    assert bool(batch) == bool(prefilling or running or waiting)  # something always runs: any one request fits
+    if is_prefill:
+        assert sum(c.num_tokens for c in batch) <= sched.cfg.max_num_batched_tokens
+        ids = [c.req.request_id for c in batch]
+        assert ids == (prefilling + waiting)[: len(ids)]  # the chunked ones go on first, then the queue
+        for chunk in batch:
+            assert isinstance(chunk, PrefillChunk) and 0 <= chunk.start < chunk.end <= chunk.req.num_tokens
+            # Where it left off; a new one after its cached prefix (whole blocks).
+            expected = computed.get(chunk.req.request_id, chunk.start - chunk.start % sched.blocks.block_size)
+            assert chunk.start == expected
+            assert chunk.req.num_computed_tokens == chunk.end
+            assert (chunk.req in sched.running) == chunk.is_last
+            assert len(chunk.req.block_table) == cdiv(chunk.req.num_tokens, sched.blocks.block_size)
     else:  # every running request, but the newest ones preempted: queued first, in their order
         kept = len(sched.running)
         assert _ids(batch) == running[:kept] == _ids(sched.running)
         assert _ids(sched.waiting) == running[kept:] + waiting
-        assert sched.num_preemptions >= len(running) - kept
-    assert len(sched.running) <= sched.cfg.max_num_seqs
-    for req in batch:  # blocks for every token the step writes, no more
-        assert len(req.block_table) == cdiv(req.num_tokens, sched.blocks.block_size)
-    _step(batch)
-    for req in batch:
+        for req in batch:  # blocks for every token the step writes, no more
+            assert len(req.block_table) == cdiv(req.num_tokens, sched.blocks.block_size)
+    assert len(sched.running) + len(sched.prefilling) <= sched.cfg.max_num_seqs
+    _step(batch, is_prefill)
+    for req in sched.running:
         if req.num_tokens >= sched.cfg.max_model_len:
             sched.finish(req)
 
 
-def _check_state(sched: Scheduler, reqs: list[Request], num_blocks: int) -> None:
-    owned = [block for req in reqs for block in req.block_table]
-    assert sorted(owned + list(sched.blocks.free)) == list(range(num_blocks))  # free + used = total, none twice
+def _check_state(sched: Scheduler, reqs: list[Request]) -> None:
+    stats = sched.blocks.check()
+    owners: dict[int, list[Request]] = {}
+    for req in reqs:
+        for block in req.block_table:
+            owners.setdefault(block, []).append(req)
+    assert stats.num_used == len(owners)
+    for block, holders in owners.items():  # shared only when cached, and then by requests with its tokens
+        assert sched.blocks.refcount(block) == len(holders)
+        if len(holders) > 1:
+            key = sched.blocks.block_hash(block)
+            assert key is not None and all(key in req.block_hashes for req in holders)
     assert all(req.status is Status.WAITING and not req.block_table for req in sched.waiting)
-    assert all(req.status is Status.RUNNING for req in sched.running)
-    live = _ids(sched.waiting) + _ids(sched.running)
+    assert all(req.status is Status.RUNNING for req in sched.running + sched.prefilling)
+    live = _ids(sched.waiting) + _ids(sched.prefilling) + _ids(sched.running)
     assert sorted(live) == [req.request_id for req in reqs if req.status is not Status.FINISHED]
     assert all(not req.block_table for req in reqs if req.status is Status.FINISHED)
