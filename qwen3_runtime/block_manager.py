@@ -86,7 +86,7 @@ class BlockManager:
             return []
         keys = extend_block_hashes(req, req.num_tokens, self.block_size)
         blocks = []
-        for key in keys[: (req.num_tokens - 1) // self.block_size]:
+        for key in keys[: max(0, req.num_tokens - 1) // self.block_size]:
             block = self._block_of.get(key)
             if block is None:
                 break
@@ -142,8 +142,8 @@ class BlockManager:
         """Drops req's references (it finished, or is preempted): unshared cached blocks become evictable,
         the others free. Its block_hashes stay: they depend only on its tokens."""
         self._num_offered.pop(req.request_id, None)
-        # Tail first into the LRU order, so evicted first: a hit needs an unbroken run of leading blocks, and
-        # a sequence's last blocks are the ones the fewest other prefixes share.
+        # Tail first into the LRU order, so evicted first: a hit needs an unbroken run of leading blocks, so an
+        # evicted head block would leave every cached block after it unreachable.
         for block in reversed(req.block_table):
             self._refs[block] -= 1
             if self._refs[block] == 0 and self._hash_of[block] is not None:

@@ -1,10 +1,15 @@
+import copy
+from collections import Counter
+from dataclasses import dataclass
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from qwen3_runtime import SamplingParams, block_hash
+from qwen3_runtime.block_hash import ROOT, hash_block
 from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.ops import cdiv
-from qwen3_runtime.request import Request
+from qwen3_runtime.request import PENDING, Request
 
 
 def _request(request_id: int, num_tokens: int) -> Request:
@@ -47,9 +52,10 @@ def test_blocks_are_never_lost_or_shared(num_blocks, block_size, ops):
             assert len(req.block_table) == cdiv(req.num_tokens, block_size)
         owned = [b for r in reqs for b in r.block_table]
         assert sorted(owned + list(blocks.free)) == list(range(num_blocks))  # each block once: free or owned
+        assert blocks.check().num_used == len(owned)
 
 
-# Prefix caching. Blocks of 4 tokens; token values below 100, suffixes from 100 on.
+# Prefix caching, over blocks of 4 tokens.
 BS = 4
 
 
@@ -211,3 +217,135 @@ def test_without_prefix_caching_nothing_is_hashed_or_shared():
         assert req.block_hashes == [] and blocks.cached_prefix(req) == []
     stats = blocks.check()
     assert (stats.num_used, stats.num_cached, stats.query_tokens) == (6, 0, 0)
+
+
+@dataclass
+class _Seq:
+    """A request as the test drives it: `truth` holds every token's value, PENDING slots included."""
+
+    req: Request
+    truth: list[int]
+    computed: int = 0  # tokens whose KV is written
+    running: bool = False
+    done: bool = False
+
+
+MAX_TOKENS = 20
+# Each op: (kind, which sequence or prompt, a size or token, a flag).
+PREFIX_OPS = st.lists(
+    st.tuples(
+        st.sampled_from(["add", "admit", "admit", "step", "step", "step", "step", "fill", "preempt", "finish"]),
+        st.integers(0, 99),
+        st.integers(1, 9),
+        st.booleans(),
+    ),
+    min_size=20,
+    max_size=80,
+)
+# Prompts sharing prefixes of one base, over few token values: equal blocks after different prefixes abound.
+TOKENS = st.lists(st.integers(1, 3), max_size=12)
+PROMPTS = st.lists(st.tuples(st.integers(0, 12), TOKENS), min_size=1, max_size=4)
+
+
+@settings(max_examples=200, deadline=None, database=None)
+@given(num_blocks=st.integers(1, 12), block_size=st.integers(1, 4), base=TOKENS, prompts=PROMPTS, ops=PREFIX_OPS)
+def test_prefix_caching_keeps_blocks_accounted_and_hits_exact(num_blocks, block_size, base, prompts, ops):
+    """Random adds, admissions (with the hit, or declining it), chunked prefill and decode steps (a sampled
+    token left PENDING or known at once), fills of PENDING slots, preemptions and finishes. The fake cache
+    holds, per slot, the token prefix its KV was computed from: a hit must read its own prefix's KV."""
+    blocks = BlockManager(num_blocks, block_size, prefix_caching=True)
+    kv: dict[int, list[tuple[int, ...] | None]] = {block: [None] * block_size for block in range(num_blocks)}
+    seqs: list[_Seq] = []
+
+    def add(index: int) -> None:
+        cut, suffix = prompts[index % len(prompts)]
+        prompt = (base[:cut] + suffix) or [1]
+        seqs.append(_Seq(_prompt(len(seqs), prompt), list(prompt)))
+
+    for index in range(len(prompts)):  # each prompt once to start with
+        add(index)
+
+    def forward(seq: _Seq, target: int) -> None:
+        for pos in range(seq.computed, target):
+            block = seq.req.block_table[pos // block_size]
+            assert blocks.refcount(block) == 1 and blocks.block_hash(block) is None  # nobody else reads it
+            kv[block][pos % block_size] = tuple(seq.truth[: pos + 1])
+        seq.computed = target
+        blocks.cache_blocks(seq.req, seq.computed)  # may count a PENDING slot: its KV is written
+
+    def stop(seq: _Seq, done: bool) -> None:
+        blocks.release(seq.req)
+        seq.computed, seq.running, seq.done = 0, False, done
+
+    for kind, index, size, flag in ops:
+        waiting = [seq for seq in seqs if not seq.running and not seq.done]
+        running = [seq for seq in seqs if seq.running]
+        if kind == "add":
+            add(index)
+        elif kind == "admit" and waiting:
+            seq = waiting[index % len(waiting)]
+            req, decline = seq.req, flag and index % 3 == 0
+            hit = 0 if decline else len(blocks.cached_prefix(req)) * block_size
+            target = min(req.num_tokens, hit + size)
+            fits = blocks.can_grow(req, target) if decline else blocks.can_admit(req, target)
+            if not decline:  # exact: the hit's own evictable blocks are not counted as free as well
+                shadow_blocks, shadow_req = copy.deepcopy((blocks, req))
+                shadow_blocks.allocate_prefix(shadow_req)
+                assert fits == shadow_blocks.can_grow(shadow_req, target)
+            if fits:
+                assert (0 if decline else blocks.allocate_prefix(req)) == hit <= req.num_tokens - 1
+                blocks.grow(req, target)
+                seq.computed, seq.running = hit, True
+                forward(seq, target)
+        elif kind == "step" and running:
+            seq = running[index % len(running)]
+            req = seq.req
+            target = min(req.num_tokens, seq.computed + size)
+            if not blocks.can_grow(req, target):
+                stop(seq, done=False)  # preempted, as the scheduler does when blocks run out
+                continue
+            blocks.grow(req, target)
+            forward(seq, target)
+            if seq.computed == req.num_tokens:  # sampled a token
+                seq.truth.append(1 + size % 3)
+                req.output.append(PENDING if flag else seq.truth[-1])
+                if req.num_tokens >= MAX_TOKENS:
+                    stop(seq, done=True)
+        elif kind == "fill":
+            for seq in seqs:
+                seq.req.output = seq.truth[len(seq.req.prompt) :]
+        elif kind == "preempt" and running:
+            stop(running[index % len(running)], done=False)
+        elif kind == "finish" and (waiting or running):
+            stop((waiting + running)[index % len(waiting + running)], done=True)
+        _check_prefix_state(blocks, seqs, kv)
+
+
+def _check_prefix_state(blocks: BlockManager, seqs: list[_Seq], kv: dict) -> None:
+    stats = blocks.check()
+    assert stats.num_free + stats.num_used + stats.num_evictable == blocks.num_blocks
+    owners = Counter(block for seq in seqs for block in seq.req.block_table)
+    for block in range(blocks.num_blocks):
+        assert blocks.refcount(block) == owners[block]
+        assert owners[block] <= 1 or blocks.block_hash(block) is not None  # shared only when cached
+    size = blocks.block_size
+    prefixes = {}  # each sequence's chained hashes, from scratch, and the token prefix each stands for
+    for seq in seqs:
+        parent = ROOT
+        for end in range(size, len(seq.truth) + 1, size):
+            parent = hash_block(parent, seq.truth[end - size : end])
+            prefixes[parent] = tuple(seq.truth[:end])
+    for block in range(blocks.num_blocks):  # a cached block, used or not, holds the KV its hash stands for
+        key = blocks.block_hash(block)
+        if key is not None:
+            tokens = prefixes[key]
+            assert kv[block] == [tokens[: len(tokens) - size + 1 + slot] for slot in range(size)]
+    for seq in seqs:
+        table = seq.req.block_table
+        assert len(set(table)) == len(table) and (seq.running or not table)
+        assert len(table) >= cdiv(seq.computed, size)
+        for pos in range(seq.computed):  # what the next forward reads: its own prefix's KV
+            assert kv[table[pos // size]][pos % size] == tuple(seq.truth[: pos + 1])
+        for i, block in enumerate(table):
+            key = blocks.block_hash(block)
+            assert key is None or (key == seq.req.block_hashes[i] and PENDING not in seq.req.tokens[: (i + 1) * size])
