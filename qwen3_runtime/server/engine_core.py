@@ -101,6 +101,7 @@ class EngineLoop:
         return EngineStats(
             len(sched.running) + len(sched.prefilling), len(sched.waiting), self.rt.stats,
             blocks.num_free_blocks, blocks.num_blocks, rss_bytes(), gpu, sched.num_preemptions,
+            blocks.query_tokens, blocks.hit_tokens,
         )  # fmt: skip
 
 

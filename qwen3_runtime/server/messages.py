@@ -34,6 +34,8 @@ class EngineStats(NamedTuple):
     rss_bytes: int = 0  # the engine process's resident memory
     gpu_allocated_bytes: int = 0  # torch.cuda.memory_allocated (0 on the CPU)
     preemptions: int = 0  # requests preempted (freed, requeued, recomputed) so far
+    prefix_cache_queries: int = 0  # prompt tokens looked up in the prefix cache so far
+    prefix_cache_hits: int = 0  # of those, tokens whose KV was reused
 
 
 class StepBatch(NamedTuple):

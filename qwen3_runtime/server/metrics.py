@@ -88,8 +88,18 @@ class _EngineCollector(Collector):
         r, steps = s.runner, s.runner.decode_steps + s.runner.prefill_steps
         yield GaugeMetricFamily(f"{PREFIX}_num_requests_running", "Requests the engine is decoding", value=s.running)
         yield GaugeMetricFamily(f"{PREFIX}_num_requests_waiting", "Requests waiting for admission", value=s.waiting)
-        yield GaugeMetricFamily(f"{PREFIX}_kv_blocks_free", "The engine's free KV cache blocks", value=s.free_blocks)
+        yield GaugeMetricFamily(
+            f"{PREFIX}_kv_blocks_free", "KV cache blocks free or cached with no owner", value=s.free_blocks
+        )
         yield GaugeMetricFamily(f"{PREFIX}_kv_blocks_total", "The engine's KV cache blocks", value=s.total_blocks)
+        yield CounterMetricFamily(
+            f"{PREFIX}_prefix_cache_queries",
+            "Prompt tokens looked up in the prefix cache",
+            value=s.prefix_cache_queries,
+        )
+        yield CounterMetricFamily(
+            f"{PREFIX}_prefix_cache_hits", "Prompt tokens whose KV the prefix cache held", value=s.prefix_cache_hits
+        )
         yield CounterMetricFamily(
             f"{PREFIX}_num_preemptions", "Requests preempted for KV blocks and recomputed", value=s.preemptions
         )

@@ -190,6 +190,7 @@ def test_models_health_metrics(http, base_url, metric):
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "engine_d2h_bytes_per_step"):
         assert f"qwen3_runtime_{name}" in text
     assert metric("qwen3_runtime_generation_tokens_total") > 0
+    assert metric("qwen3_runtime_prefix_cache_queries_total") >= metric("qwen3_runtime_prefix_cache_hits_total") >= 0
 
 
 def test_api_key_required(base_url):
