@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from qwen3_runtime import Runtime, SamplingParams
-from qwen3_runtime.model import Qwen3ForCausalLM
+from scripts.floors import weight_bytes
 from scripts.hf_reference import random_hf_model, static_cache_tpot
 from scripts.report import environment
 from scripts.timing import copy_bandwidth
@@ -49,14 +49,6 @@ def measure_tpot(rt: Runtime, batch: int, prompt_len: int, max_tokens: int, seed
         "ttft_ms": 1e3 * statistics.median(o.ttft for o in outs),
         "tokens_per_s": tokens / wall,
     }
-
-
-def weight_bytes(model: Qwen3ForCausalLM) -> int:
-    """Bytes a decode step must read: every weight once (an untied embedding table is only gathered)."""
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    if not model.lm_head_is_tied:
-        total -= model.model.embed_tokens.weight.numel() * model.model.embed_tokens.weight.element_size()
-    return total
 
 
 def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:

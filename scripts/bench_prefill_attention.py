@@ -20,6 +20,7 @@ import triton
 from qwen3_runtime.ops import prefill_attention
 from qwen3_runtime.ops.prefill_attention import PrefillPlan, paged_prefill_attention
 from scripts.report import environment
+from scripts.timing import matmul_rate
 
 HEADS, KV_HEADS, DIM, BLOCK = 32, 8, 128, 16
 # (name, [(cached prefix, new tokens)] per sequence)
@@ -37,14 +38,6 @@ DEFAULT = (
 )
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) beside the default
 ALTERNATIVES = [(128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)]
-
-
-def matmul_rate() -> float:
-    """Dense bf16 FLOP/s of an 8192^3 cuBLAS GEMM: the ceiling the attention floor is computed at."""
-    a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn_like(a)
-    ms = triton.testing.do_bench(lambda: a @ b, return_mode="median")
-    return 2 * 8192**3 / (ms * 1e-3)
 
 
 def causal_flops(seqs: list[tuple[int, int]]) -> int:

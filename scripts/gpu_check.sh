@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU tests and benchmarks, run on the H200 through the device tool; results land under $OUT.
 #   [QUICK=1] bash scripts/gpu_check.sh [tests] [repeat] [parity] [profile] [timeline] [decode] [kernels]
-#                                      [reduce] [lm_head] [logprobs] [sampling] [prefill]
+#                                      [reduce] [lm_head] [logprobs] [sampling] [prefill] [prefill_e2e]
 #   (default: all; QUICK=1: decode and logprobs with fewer tokens and repetitions, a few minutes)
 # Pass GIT_COMMIT=<sha> (the device machine has no .git) so results name their commit.
 set -uo pipefail
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps carried wheels (/tmp/site) visible
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-if [ -n "${QUICK:-}" ]; then default="decode logprobs"; else default="tests repeat parity profile timeline decode kernels reduce lm_head logprobs sampling prefill"; fi
+if [ -n "${QUICK:-}" ]; then default="decode logprobs"; else default="tests repeat parity profile timeline decode kernels reduce lm_head logprobs sampling prefill prefill_e2e"; fi
 steps=${*:-$default}
 status=0
 run() { echo "== $*"; "$@" || { status=1; echo "!! failed: $*"; }; }
@@ -29,6 +29,7 @@ for step in $steps; do
     logprobs) run python3 -m scripts.bench_logprobs ${QUICK:+--quick} --out "$OUT" ;;
     sampling) run python3 -m scripts.sampling_check --out "$OUT" ;;
     prefill) run python3 -m scripts.bench_prefill_attention --out "$OUT" ;;
+    prefill_e2e) run python3 -m scripts.bench_prefill --config qwen3-4b ${QUICK:+--quick} --out "$OUT" ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

@@ -29,12 +29,18 @@ def hf_config(arch: ArchitectureConfig, layers: int | None = None):
     )
 
 
-def random_hf_model(arch: ArchitectureConfig, layers: int | None = None, seed: int = 0):
+def random_hf_model(
+    arch: ArchitectureConfig,
+    layers: int | None = None,
+    seed: int = 0,
+    device: torch.device | str = "cuda",
+    dtype: torch.dtype = torch.bfloat16,
+):
     import transformers
 
     torch.manual_seed(seed)
-    with torch.device("cuda"):
-        model = transformers.Qwen3ForCausalLM(hf_config(arch, layers)).to(torch.bfloat16).eval()
+    with torch.device(device):
+        model = transformers.Qwen3ForCausalLM(hf_config(arch, layers)).to(dtype).eval()
     model.generation_config.eos_token_id = None  # every run generates exactly max_new_tokens
     return model
 

@@ -1,8 +1,11 @@
-"""GPU timing shared by the benchmarks: CUDA-graph replay medians and the copy bandwidth ceiling."""
+"""Timing shared by the benchmarks: CUDA-graph replay medians, the copy bandwidth and matmul rate ceilings
+(with plain wall-clock versions on the CPU, so a benchmark's CPU smoke run measures its own floors too)."""
 
 from __future__ import annotations
 
 import statistics
+import time
+from collections.abc import Callable
 
 import torch
 
@@ -29,10 +32,49 @@ def graph_us_per_call(step, inputs: list[torch.Tensor], replays: int = 15) -> fl
     return statistics.median(times)
 
 
-def copy_bandwidth() -> float:
+def synchronize(device: torch.device | str) -> None:
+    """Wait for the device's queued work (nothing to wait for on the CPU)."""
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_ms(fn: Callable[[], object], device: torch.device | str, repeats: int = 10) -> float:
+    """Median wall-clock ms of `fn()` after one warm-up call, the device synchronised before and after each
+    call: what a caller waiting for the result sees, host work included."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(1e3 * (time.perf_counter() - start))
+    return statistics.median(times)
+
+
+def copy_bandwidth(device: torch.device | str = "cuda") -> float:
     """Device-to-device copy bandwidth in bytes/s (read + written): the faster of memcpy and a copy kernel."""
-    src = torch.empty(2**28, dtype=torch.float32, device="cuda")
+    if torch.device(device).type != "cuda":
+        src = torch.empty(2**24, dtype=torch.float32, device=device)
+        dst = torch.empty_like(src)
+        return 2 * src.numel() * src.element_size() / (1e-3 * median_ms(lambda: dst.copy_(src), device, 5))
+    src = torch.empty(2**28, dtype=torch.float32, device=device)
     dst = torch.empty_like(src)
     memcpy_us = graph_us_per_call(lambda s: dst.copy_(s), [src], replays=10)
     kernel_us = graph_us_per_call(lambda s: torch.neg(s, out=dst), [src], replays=10)
     return 2 * src.numel() * src.element_size() / (min(memcpy_us, kernel_us) * 1e-6)
+
+
+def matmul_rate(device: torch.device | str = "cuda", dtype: torch.dtype = torch.bfloat16) -> float:
+    """Dense FLOP/s of a large square matmul (8192^3 cuBLAS GEMM on the GPU, 1024^3 on the CPU): the
+    ceiling a compute floor is computed at."""
+    n = 8192 if torch.device(device).type == "cuda" else 1024
+    a = torch.randn(n, n, device=device, dtype=dtype)
+    b = torch.randn_like(a)
+    if torch.device(device).type == "cuda":
+        from triton.testing import do_bench
+
+        ms = do_bench(lambda: a @ b, return_mode="median")
+    else:
+        ms = median_ms(lambda: a @ b, device, 5)
+    return 2 * n**3 / (ms * 1e-3)

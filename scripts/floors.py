@@ -1,0 +1,34 @@
+"""What a forward's hardware floors are computed from: the bytes of weights it reads and the FLOPs of
+its matmuls and attention."""
+
+from __future__ import annotations
+
+from qwen3_runtime.config import ArchitectureConfig
+from qwen3_runtime.model import Qwen3ForCausalLM
+
+
+def weight_bytes(model: Qwen3ForCausalLM) -> int:
+    """Bytes a forward must read: every weight once (an untied embedding table is only gathered)."""
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    if not model.lm_head_is_tied:
+        total -= model.model.embed_tokens.weight.numel() * model.model.embed_tokens.weight.element_size()
+    return total
+
+
+def layer_linear_params(arch: ArchitectureConfig) -> int:
+    """Weights of the decoder layers' projections (qkv, o, gate_up, down), every one of which each token
+    multiplies; not the lm_head, which a prefill applies only where it samples."""
+    q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
+    per_layer = arch.hidden_size * (q + 2 * kv) + q * arch.hidden_size + 3 * arch.hidden_size * arch.intermediate_size
+    return arch.num_hidden_layers * per_layer
+
+
+def prefill_flops(arch: ArchitectureConfig, prompt_lens: list[int], logits_rows: int | None = None) -> int:
+    """Matmul FLOPs of prefilling fresh prompts: 2 per weight per token in the layers, the lm_head over
+    `logits_rows` positions (default: each prompt's last), and causal attention: QK^T and PV, 2 * head_dim
+    FLOPs each per (query head, query, key attended), a query at position i attending to i + 1 keys."""
+    rows = len(prompt_lens) if logits_rows is None else logits_rows
+    linear = 2 * layer_linear_params(arch) * sum(prompt_lens) + 2 * arch.hidden_size * arch.vocab_size * rows
+    keys = sum(n * (n + 1) // 2 for n in prompt_lens)
+    attention = arch.num_hidden_layers * 2 * 2 * arch.num_attention_heads * arch.head_dim * keys
+    return linear + attention
