@@ -37,7 +37,7 @@ DEFAULT = (
     prefill_attention.NUM_STAGES,
 )
 # (BLOCK_M, BLOCK_N, num_warps, num_stages) beside the default
-ALTERNATIVES = [(128, 128, 8, 2), (128, 32, 8, 3), (64, 64, 4, 3)]
+ALTERNATIVES = [(128, 64, 8, 3), (128, 128, 8, 2), (64, 32, 4, 3)]
 
 
 def causal_flops(seqs: list[tuple[int, int]]) -> int:

@@ -29,15 +29,15 @@ import triton.language as tl
 
 from qwen3_runtime.ops import use_triton
 
-# Untuned first choices, sized for sm_90 at head_dim 128 (scripts/bench_prefill_attention.py times them
-# against alternatives). Query rows (tokens x the GQA group) per program: each gathered K/V tile serves this
-# many rows (32 tokens of Qwen3-4B's group of 4).
-BLOCK_M = 128
+# Sized for sm_90 at head_dim 128 (scripts/bench_prefill_attention.py times them against alternatives, and
+# this set was the fastest of its four at every shape it runs). Query rows (tokens x the GQA group) per
+# program: each gathered K/V tile serves this many rows (16 tokens of Qwen3-4B's group of 4); smaller tiles
+# give more programs, so the short chunks after a long prefix still fill the SMs.
+BLOCK_M = 64
 # Keys per K/V tile, each a gather of BLOCK_N rows through the block table.
 BLOCK_N = 64
-# Eight warps hold the 128 x 128 fp32 output without spilling; three stages keep two K/V tiles in flight
-# (96 KB of shared memory) while one is multiplied.
-NUM_WARPS = 8
+# Four warps hold the 64 x 128 fp32 output; three stages keep two K/V tiles in flight while one is multiplied.
+NUM_WARPS = 4
 NUM_STAGES = 3
 
 
