@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
+from qwen3_runtime.ops import use_triton
+from qwen3_runtime.ops.gumbel_sample import gumbel_sample
+
 _MASK32 = 0xFFFFFFFF
 # Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
 GREEDY_BELOW = 1e-5
@@ -48,7 +51,16 @@ def processed_logits(logits: torch.Tensor, params: SamplingTensors, peak: torch.
 
 
 def sample(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
-    """Token ids [B] (int64) from processed logits: Gumbel-max for random rows, argmax for greedy ones."""
+    """Token ids [B] (int64) from processed logits: Gumbel-max for random rows, argmax for greedy ones
+    (ties: the lower id; a row holding a NaN: its first NaN's id). One fused pass per row on the GPU
+    (ops/gumbel_sample.py), the same tokens as `sample_reference` but for near-ties of logit + noise."""
+    if use_triton(processed):
+        return gumbel_sample(processed, params.temperature, params.seed, params.position, GREEDY_BELOW, NOISE_BITS)
+    return sample_reference(processed, params)
+
+
+def sample_reference(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """`sample` in PyTorch: the [B, V] hash and noise materialised, then an argmax."""
     noise = gumbel_noise(params.seed, params.position, processed.shape[-1])
     noise.masked_fill_(~random_rows(params)[:, None], 0.0)
     return noise.add_(processed).argmax(dim=-1)
