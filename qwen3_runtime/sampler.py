@@ -37,16 +37,20 @@ def random_rows(params: SamplingTensors) -> torch.Tensor:
     return params.temperature >= GREEDY_BELOW
 
 
-def processed_logits(logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor | None = None) -> torch.Tensor:
+def processed_logits(
+    logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor | None = None, filtered: bool = True
+) -> torch.Tensor:
     """What random rows sample from: logits / temperature, -inf outside top-k and top-p.
     Greedy rows (temperature < GREEDY_BELOW) keep their raw logits. A row whose largest logit (`peak` [B],
     when the caller has it) would overflow when scaled is shifted by it first (the same distribution, but
-    finite)."""
+    finite). filtered=False, from a caller that knows no random row asks for top-k or top-p, skips the
+    full-vocabulary sort, which would change nothing."""
     temperature = params.temperature.clamp_min(GREEDY_BELOW)[:, None]
     peak = (logits.amax(dim=-1) if peak is None else peak)[:, None]
     overflows = peak.isfinite() & ~(peak / temperature).isfinite()
     scaled = (logits - torch.where(overflows, peak, 0.0)) / temperature
-    scaled = _top_k_top_p(scaled, params.top_k, params.top_p)
+    if filtered:
+        scaled = _top_k_top_p(scaled, params.top_k, params.top_p)
     return torch.where(random_rows(params)[:, None], scaled, logits)
 
 
