@@ -35,7 +35,8 @@ from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.step_inputs import InputStager, RequestRow
 from qwen3_runtime.step_output import StepOutputs
 
-GREEDY, RANDOM = "greedy", "random"  # graph variants: only random batches sort and draw noise
+# Graph variants: greedy batches draw no noise; only batches with a random row asking for top-k or top-p sort.
+GREEDY, RANDOM, FILTERED = "greedy", "random", "filtered"
 
 
 @dataclass
@@ -79,7 +80,7 @@ class ModelRunner:
         self.split_arrivals = torch.zeros(
             max_rows, model.config.num_key_value_heads, dtype=torch.int32, device=self.device
         )
-        variants = [(variant, buffer) for variant in (GREEDY, RANDOM) for buffer in (0, 1)]
+        variants = [(variant, buffer) for variant in (GREEDY, RANDOM, FILTERED) for buffer in (0, 1)]
         buckets = engine.cuda_graph_buckets or default_buckets(max_rows)
         self.graphs = StepGraphs(self._decode_step, buckets, variants=variants)
         if self.device.type == "cuda" and engine.cuda_graphs:
@@ -178,7 +179,7 @@ class ModelRunner:
         else:
             params = inp.sampling(rows)
             peak = logits.amax(dim=-1)
-            processed = processed_logits(logits, params, peak)
+            processed = processed_logits(logits, params, peak, filtered=variant == FILTERED)
             tokens = sample(processed, params)
             lp_logits = torch.where(inp.processed[:rows, None] != 0, processed, logits)
         out = self.logprobs.head(rows)
@@ -211,4 +212,7 @@ class ModelRunner:
 
 
 def _variant(reqs: list[Request]) -> str:
-    return RANDOM if any(not req.params.greedy for req in reqs) else GREEDY
+    random = [req.params for req in reqs if not req.params.greedy]
+    if any(p.top_k > 0 or p.top_p < 1 for p in random):
+        return FILTERED
+    return RANDOM if random else GREEDY

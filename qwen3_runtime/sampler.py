@@ -11,6 +11,9 @@ from dataclasses import dataclass
 
 import torch
 
+from qwen3_runtime.ops import use_triton
+from qwen3_runtime.ops.gumbel_sample import gumbel_sample
+
 _MASK32 = 0xFFFFFFFF
 # Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
 GREEDY_BELOW = 1e-5
@@ -34,21 +37,34 @@ def random_rows(params: SamplingTensors) -> torch.Tensor:
     return params.temperature >= GREEDY_BELOW
 
 
-def processed_logits(logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor | None = None) -> torch.Tensor:
+def processed_logits(
+    logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor | None = None, filtered: bool = True
+) -> torch.Tensor:
     """What random rows sample from: logits / temperature, -inf outside top-k and top-p.
     Greedy rows (temperature < GREEDY_BELOW) keep their raw logits. A row whose largest logit (`peak` [B],
     when the caller has it) would overflow when scaled is shifted by it first (the same distribution, but
-    finite)."""
+    finite). filtered=False, from a caller that knows no random row asks for top-k or top-p, skips the
+    full-vocabulary sort, which would change nothing."""
     temperature = params.temperature.clamp_min(GREEDY_BELOW)[:, None]
     peak = (logits.amax(dim=-1) if peak is None else peak)[:, None]
     overflows = peak.isfinite() & ~(peak / temperature).isfinite()
     scaled = (logits - torch.where(overflows, peak, 0.0)) / temperature
-    scaled = _top_k_top_p(scaled, params.top_k, params.top_p)
+    if filtered:
+        scaled = _top_k_top_p(scaled, params.top_k, params.top_p)
     return torch.where(random_rows(params)[:, None], scaled, logits)
 
 
 def sample(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
-    """Token ids [B] (int64) from processed logits: Gumbel-max for random rows, argmax for greedy ones."""
+    """Token ids [B] (int64) from processed logits: Gumbel-max for random rows, argmax for greedy ones
+    (ties: the lower id; a row holding a NaN: its first NaN's id). One fused pass per row on the GPU
+    (ops/gumbel_sample.py), the same tokens as `sample_reference` but for near-ties of logit + noise."""
+    if use_triton(processed):
+        return gumbel_sample(processed, params.temperature, params.seed, params.position, GREEDY_BELOW, NOISE_BITS)
+    return sample_reference(processed, params)
+
+
+def sample_reference(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """`sample` in PyTorch: the [B, V] hash and noise materialised, then an argmax."""
     noise = gumbel_noise(params.seed, params.position, processed.shape[-1])
     noise.masked_fill_(~random_rows(params)[:, None], 0.0)
     return noise.add_(processed).argmax(dim=-1)

@@ -1,7 +1,11 @@
 """Decode speed: TPOT of greedy generation per batch size (random weights of a real Qwen3 shape), beside
 the weight-read floor and Hugging Face transformers' static-cache `generate`, all measured in this run.
 
-Usage: python -m scripts.bench_decode --config qwen3-4b --batch 1 8 32 64 [--quick] --out DIR
+Usage: python -m scripts.bench_decode --config qwen3-4b --batch 1 8 32 64 [--quick]
+    [--sampling greedy temperature filtered] --out DIR
+
+--sampling: the requests' sampling, each measured on the same runtime; rows of a non-greedy one are
+labelled "<mode> <sampling>" (e.g. "graph-async temperature"), so greedy rows keep their plain mode.
 """
 
 from __future__ import annotations
@@ -24,13 +28,22 @@ from scripts.hf_reference import random_hf_model, static_cache_tpot
 from scripts.report import environment
 from scripts.timing import copy_bandwidth
 
+# temperature: the unfiltered random graph variant (noise, no sort); filtered: the one that sorts.
+SAMPLING = {
+    "greedy": {"temperature": 0},
+    "temperature": {"temperature": 1.0},
+    "filtered": {"temperature": 0.7, "top_p": 0.8, "top_k": 20},
+}
 
-def measure_tpot(rt: Runtime, batch: int, prompt_len: int, max_tokens: int, seed: int = 0) -> dict:
+
+def measure_tpot(
+    rt: Runtime, batch: int, prompt_len: int, max_tokens: int, seed: int = 0, sampling: str = "greedy"
+) -> dict:
     """The batch's requests admitted in one prefill, then decoded together. TPOT: a request's (last token -
     first token) / (tokens - 1), the median over requests; ITL: the median gap between consecutive steps'
     tokens reaching the host, as a streaming client sees them. transformers is timed the same way."""
     prompts = np.random.default_rng(seed).integers(0, rt.vocab_size, (batch, prompt_len)).tolist()
-    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True)
+    params = SamplingParams(max_tokens=max_tokens, ignore_eos=True, **SAMPLING[sampling])
     start = time.perf_counter()
     for prompt in prompts:
         rt.add_request(prompt, params)
@@ -65,11 +78,16 @@ def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:
     graphs = len(rt.runner.graphs.graphs)
     print(f"{args.config} {mode}: {graphs} CUDA graphs captured in {rt.runner.stats.capture_s:.1f} s", flush=True)
     rows = []
-    for batch in args.batch:
-        runs = [measure_tpot(rt, batch, args.prompt_len, args.max_tokens, seed=r) for r in range(args.repeats)]
-        rows.append({"mode": mode, **_medians(runs), "graphs": graphs, "capture_s": rt.runner.stats.capture_s})
+    for batch, sampling in itertools.product(args.batch, args.sampling):
+        runs = [
+            measure_tpot(rt, batch, args.prompt_len, args.max_tokens, seed=r, sampling=sampling)
+            for r in range(args.repeats)
+        ]
+        label = mode if sampling == "greedy" else f"{mode} {sampling}"
+        stats = {"graphs": graphs, "capture_s": rt.runner.stats.capture_s, "sampling": sampling}
+        rows.append({"mode": label, **_medians(runs), **stats})
         print(
-            f"{args.config} {mode} batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms  ITL {rows[-1]['itl_ms']:.2f} "
+            f"{args.config} {label} batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms  ITL {rows[-1]['itl_ms']:.2f} "
             f"ms  TTFT {rows[-1]['ttft_ms']:.1f} ms  {rows[-1]['tokens_per_s']:.0f} tok/s",
             flush=True,
         )
@@ -154,6 +172,13 @@ def main() -> None:
         choices=["graph", "graph-async", "eager"],
         help="graph-async: CUDA graphs with async scheduling (the engine's default); graph: CUDA "
         "graphs, synchronous steps; eager: neither",
+    )
+    parser.add_argument(
+        "--sampling",
+        nargs="+",
+        default=["greedy"],
+        choices=list(SAMPLING),
+        help="greedy; temperature: 1.0; filtered: temperature 0.7, top-p 0.8, top-k 20",
     )
     parser.add_argument(
         "--quick",

@@ -1,6 +1,8 @@
 """The runner through the public API: logprobs on both paths, prompt logprobs, padding, counters."""
 
 import math
+from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -128,6 +130,34 @@ def test_raw_and_processed_modes(make_runtime, tiny_checkpoint):
     default_processed = make_runtime(tiny_checkpoint, logprobs__mode="processed")
     again = default_processed.generate([[1, 2, 3]], SamplingParams(**base))[0]
     assert [lp.logprob for lp in again.logprobs] == [lp.logprob for lp in processed.logprobs]
+
+
+def test_a_batch_without_top_k_or_top_p_skips_the_sort(make_runtime, tiny_checkpoint, monkeypatch):
+    from qwen3_runtime import runner
+
+    greedy = SamplingParams(max_tokens=6, temperature=0, top_k=5, ignore_eos=True)  # a greedy row's filters: unused
+    plain = SamplingParams(
+        max_tokens=6, temperature=0.9, seed=1, ignore_eos=True, logprobs=3, logprobs_mode="processed"
+    )
+    top_p = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.95, seed=2, ignore_eos=True)
+    batch = lambda *params: [SimpleNamespace(params=p) for p in params]
+    assert runner._variant(batch(greedy, greedy)) == runner.GREEDY
+    assert runner._variant(batch(greedy, plain)) == runner.RANDOM
+    assert runner._variant(batch(plain, top_p, greedy)) == runner.FILTERED
+    assert runner._variant(batch(replace(plain, top_k=3))) == runner.FILTERED
+    filtered, process = [], runner.processed_logits
+    monkeypatch.setattr(
+        runner, "processed_logits", lambda *a, **kw: filtered.append(kw["filtered"]) or process(*a, **kw)
+    )
+    prompts = [[5, 6, 7], [8, 9]]
+    skipped = make_runtime(tiny_checkpoint).generate(prompts, [greedy, plain])
+    assert filtered and not any(filtered)
+    # The sort changes nothing on such a batch: the same tokens and processed logprobs as the sorting variant.
+    monkeypatch.setattr(runner, "_variant", lambda reqs: runner.FILTERED)
+    sorted_ = make_runtime(tiny_checkpoint).generate(prompts, [greedy, plain])
+    assert all(filtered[-4:])
+    assert [o.token_ids for o in skipped] == [o.token_ids for o in sorted_]
+    assert skipped[1].logprobs == sorted_[1].logprobs
 
 
 def test_full_vocabulary_needs_max_logprobs_minus_one(make_runtime, tiny_checkpoint):
@@ -277,6 +307,8 @@ def _gpu_requests(vocab):
         ),
         (prompt(200), SamplingParams(max_tokens=16, temperature=0, logprobs=1, **base)),
         (prompt(9), SamplingParams(max_tokens=26, temperature=0, prompt_logprobs=0, **base)),
+        # Outlives the filtered rows: the last steps take the random variant that skips the sort.
+        (prompt(11), SamplingParams(max_tokens=28, temperature=0.8, seed=7, logprobs=3, **base)),
     ]
 
 
@@ -288,6 +320,8 @@ def test_graph_eager_and_host_paths_agree(config):
     for name, overrides in GPU_MODES.items():
         rt = _gpu_runtime(config, **overrides)
         runs[name] = _run_joining(rt, _gpu_requests(rt.vocab_size))
+        if overrides.get("engine.cuda_graphs", True):  # greedy, random, filtered x two result buffers
+            assert len(rt.runner.graphs.graphs) == 6 * len(rt.runner.graphs.buckets)
         del rt
         torch.cuda.empty_cache()
     listed = lambda lps: None if lps is None else list(lps)  # noqa: E731

@@ -1,5 +1,7 @@
+import pytest
 import torch
 
+from qwen3_runtime import ops
 from qwen3_runtime.sampler import (
     GREEDY_BELOW,
     NOISE_BITS,
@@ -11,6 +13,13 @@ from qwen3_runtime.sampler import (
     processed_logits,
     sample,
 )
+
+
+@pytest.fixture(autouse=True)
+def _reference(monkeypatch):
+    """These tests pin down the sampling semantics over up to 20000 draws, through the PyTorch reference:
+    the interpreter would take minutes. tests/ops/test_gumbel_sample.py holds the kernel to it."""
+    monkeypatch.setattr(ops, "TRITON_INTERPRET", False)
 
 
 def _params(n, temperature=1.0, top_k=-1, top_p=1.0, seed=0):
