@@ -2,8 +2,9 @@
 programmatic dependent launch: faster than PyTorch's reduction over ~0.6 MB of logits a row, and with
 no gap after the lm_head as a plain launch would leave.
 
-Stage 1, one program per (row, chunk of the vocabulary): the chunk's largest value, its lowest id,
-and whether it holds a NaN. Stage 2, one program per row: the same over the chunks, in order.
+Stage 1, one program per (row, chunk of the vocabulary): the chunk's largest value and its lowest id
+(NaN above everything, as torch.argmax). Stage 2 (row_max_kernel, which ops/gumbel_sample.py shares), one
+program per row: the same over the chunks, in order.
 """
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ CHUNK = 4096
 
 
 @triton.jit
-def _peak_and_first(x, ids, none):
-    """The largest of x (NaN if any is NaN) and the lowest of `ids` where it sits (`none` if nowhere)."""
-    has_nan = tl.max((x != x).to(tl.int32), axis=0)
-    x = tl.where(x != x, float("-inf"), x)
-    best = tl.max(x, axis=0)
+def largest_first(x, ids, none):
+    """The largest of x and the lowest of `ids` where it sits (`none` if nowhere), as torch.argmax picks it:
+    NaN counts above everything, so a row holding a NaN gives NaN and its first NaN's id."""
+    is_nan = x != x
+    first_nan = tl.min(tl.where(is_nan, ids, none), axis=0)
+    best = tl.max(tl.where(is_nan, float("-inf"), x), axis=0)
     first = tl.min(tl.where(x == best, ids, none), axis=0)
-    return tl.where(has_nan != 0, float("nan"), best), first
+    return tl.where(first_nan != none, float("nan"), best), tl.where(first_nan != none, first_nan, first)
 
 
 @triton.jit
@@ -38,7 +40,7 @@ def _chunk_max_kernel(
     chunk = tl.program_id(1)
     ids = chunk * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(logits_ptr + row * stride_row + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
-    peak, first = _peak_and_first(x, ids, vocab)
+    peak, first = largest_first(x, ids, vocab)
     tl.store(chunk_max_ptr + row * num_chunks + chunk, peak)
     tl.store(chunk_id_ptr + row * num_chunks + chunk, first)
     if USE_PDL:
@@ -46,7 +48,7 @@ def _chunk_max_kernel(
 
 
 @triton.jit
-def _row_max_kernel(
+def row_max_kernel(
     chunk_max_ptr,
     chunk_id_ptr,
     peak_ptr,
@@ -63,7 +65,7 @@ def _row_max_kernel(
     mask = chunks < num_chunks
     m = tl.load(chunk_max_ptr + row * num_chunks + chunks, mask=mask, other=float("-inf"))
     ids = tl.load(chunk_id_ptr + row * num_chunks + chunks, mask=mask, other=vocab)
-    peak, first = _peak_and_first(m, ids, vocab)  # chunks in id order: the lowest id overall
+    peak, first = largest_first(m, ids, vocab)  # chunks in id order: the lowest id overall
     tl.store(peak_ptr + row, peak)
     tl.store(token_ptr + row, first.to(tl.int64))
     if USE_PDL:
@@ -72,7 +74,7 @@ def _row_max_kernel(
 
 def greedy_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(largest logit [B] f32, its token id [B] int64) per row of fp32 logits [B, V]; ties go to the
-    lower id, and a row holding a NaN has the peak NaN (its token is then meaningless)."""
+    lower id, and a row holding a NaN has the peak NaN and its first NaN's token."""
     if not use_triton(logits):
         return greedy_max_reference(logits)
     rows, vocab = logits.shape
@@ -94,7 +96,7 @@ def greedy_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             num_warps=8,
             **pdl_launch(logits),
         )
-        _row_max_kernel[(rows,)](
+        row_max_kernel[(rows,)](
             chunk_max,
             chunk_id,
             peak,

@@ -6,8 +6,8 @@ registers only.
 Stage 1, one program per (row, chunk of the vocabulary), so that a single row still spreads over many SMs:
 each token's noise (bit-identical hash to sampler.hash_bits, the same float steps as
 sampler.gumbel_from_bits; none on greedy rows), added to its logit, and the chunk's largest sum with its
-lowest id. Stage 2, one program per row: the same over the chunks, in order. NaN counts as the largest
-value and the first NaN's id wins, as in torch.argmax.
+lowest id (largest_first: NaN counts as the largest value and the first NaN's id wins, as in
+torch.argmax). Stage 2 is greedy decoding's own row reduce over the chunks.
 """
 
 from __future__ import annotations
@@ -18,7 +18,8 @@ import triton.language as tl
 from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from qwen3_runtime.ops import TRITON_INTERPRET, pdl_launch
+from qwen3_runtime.ops import TRITON_INTERPRET, greedy, pdl_launch
+from qwen3_runtime.ops.greedy import largest_first
 
 CHUNK = 2048  # smaller than greedy's: the hash is arithmetic per token, and one row wants many programs
 
@@ -60,16 +61,6 @@ def gumbel_from_bits(k, NOISE_BITS: tl.constexpr, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
-def _largest_first(x, ids, none):
-    """The largest of x (NaN above everything) and the lowest of `ids` where it sits (`none` if nowhere)."""
-    is_nan = x != x
-    first_nan = tl.min(tl.where(is_nan, ids, none), axis=0)
-    best = tl.max(tl.where(is_nan, float("-inf"), x), axis=0)
-    first = tl.min(tl.where(x == best, ids, none), axis=0)
-    return tl.where(first_nan != none, float("nan"), best), tl.where(first_nan != none, first_nan, first)
-
-
-@triton.jit
 def _chunk_kernel(
     logits_ptr,
     temperature_ptr,
@@ -95,26 +86,9 @@ def _chunk_kernel(
     key = row_key(tl.load(seed_ptr + row), tl.load(position_ptr + row))
     noise = gumbel_from_bits(token_bits(key, ids) >> (32 - NOISE_BITS), NOISE_BITS, LIBDEVICE)
     is_random = tl.load(temperature_ptr + row) >= greedy_below
-    peak, first = _largest_first(tl.where(is_random, x + noise, x), ids, vocab)
+    peak, first = largest_first(tl.where(is_random, x + noise, x), ids, vocab)
     tl.store(chunk_max_ptr + row * num_chunks + chunk, peak)
     tl.store(chunk_id_ptr + row * num_chunks + chunk, first)
-    if USE_PDL:
-        gdc_launch_dependents()
-
-
-@triton.jit
-def _row_kernel(
-    chunk_max_ptr, chunk_id_ptr, token_ptr, num_chunks, vocab, BLOCK_CHUNKS: tl.constexpr, USE_PDL: tl.constexpr
-):
-    if USE_PDL:
-        gdc_wait()
-    row = tl.program_id(0).to(tl.int64)
-    chunks = tl.arange(0, BLOCK_CHUNKS)
-    mask = chunks < num_chunks
-    m = tl.load(chunk_max_ptr + row * num_chunks + chunks, mask=mask, other=float("-inf"))
-    ids = tl.load(chunk_id_ptr + row * num_chunks + chunks, mask=mask, other=vocab)
-    _, first = _largest_first(m, ids, vocab)  # chunks in id order: the lowest id overall
-    tl.store(token_ptr + row, first.to(tl.int64))
     if USE_PDL:
         gdc_launch_dependents()
 
@@ -137,6 +111,7 @@ def gumbel_sample(
     num_chunks = triton.cdiv(vocab, CHUNK)
     chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=processed.device)
     chunk_id = torch.empty(rows, num_chunks, dtype=torch.int32, device=processed.device)
+    peak = torch.empty(rows, dtype=torch.float32, device=processed.device)  # written by the row reduce, unread
     token = torch.empty(rows, dtype=torch.int64, device=processed.device)
     if rows:
         _chunk_kernel[(rows, num_chunks)](
@@ -156,9 +131,10 @@ def gumbel_sample(
             num_warps=4,
             **pdl_launch(processed),
         )
-        _row_kernel[(rows,)](
+        greedy.row_max_kernel[(rows,)](
             chunk_max,
             chunk_id,
+            peak,
             token,
             num_chunks,
             vocab,

@@ -18,14 +18,16 @@ from triton.backends.compiler import GPUTarget
 from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from qwen3_runtime import sampler
 from qwen3_runtime.logprobs import kernels as logprob_kernels
 from qwen3_runtime.logprobs import reduce as logprob_reduce
-from qwen3_runtime.ops import attention_inputs, decode_attention, greedy, linear, linear_preload, norms
+from qwen3_runtime.ops import attention_inputs, decode_attention, greedy, gumbel_sample, linear, linear_preload, norms
 
 KERNELS = {
     linear: ["_skinny_gemm_kernel"],
     linear_preload: ["_preload_gemm_kernel"],
-    greedy: ["_chunk_max_kernel", "_row_max_kernel"],
+    greedy: ["_chunk_max_kernel", "row_max_kernel"],
+    gumbel_sample: ["_chunk_kernel"],
     norms: ["_add_rms_norm_kernel", "_silu_mul_kernel"],
     attention_inputs: ["_attention_inputs_kernel"],
     decode_attention: ["_decode_attention_kernel"],
@@ -54,7 +56,7 @@ class Recorder:
 
 
 def run_ops() -> None:
-    for module in (linear, greedy, norms, attention_inputs, decode_attention, logprob_reduce):
+    for module in (linear, greedy, norms, attention_inputs, decode_attention, logprob_reduce, sampler):
         module.use_triton = lambda t: True
     for module, names in KERNELS.items():
         for name in names:
@@ -69,6 +71,8 @@ def run_ops() -> None:
     norms.add_rms_norm(torch.randn(2, 3, 64), torch.ones(64, **bf16), 1e-6, torch.randn(3, 64, **bf16))
     norms.silu_mul(torch.randn(3, 128, **bf16))
     greedy.greedy_max(torch.randn(2, 5000))
+    seeds = torch.arange(2)
+    sampler.sample(torch.randn(2, 5000), sampler.SamplingTensors(torch.ones(2), -seeds, seeds + 1.0, seeds, seeds))
     heads, kv_heads, dim, block = 4, 2, 32, 16
     caches = [torch.zeros(4, block, kv_heads, dim, **bf16) for _ in range(2)]
     attention_inputs.attention_inputs(
