@@ -1,5 +1,3 @@
-import math
-
 import pytest
 import torch
 
@@ -13,6 +11,7 @@ from qwen3_runtime.ops.decode_attention import (
     paged_decode_attention,
     paged_decode_attention_reference,
 )
+from tests.ops.conftest import PagedCache
 
 # Not multiples of any block size, one token, empty (padded) rows, an exact multiple,
 # and one long enough for several tiles per split.
@@ -20,32 +19,17 @@ SEQ_LENS = [37, 1, 0, 200, 64]
 HEAD_DIM = 16
 
 
-class PagedKV:
-    """Per-row dense K/V plus a paged cache holding them in shuffled blocks.
-
-    Unused cache slots are NaN and block-table tails -1, so any read of them shows.
-    """
+class PagedKV(PagedCache):
+    """The rows' K/V paged as decode attention reads them: block tables padded with -1 (any read of a tail
+    shows) and sequence lengths, as device tensors."""
 
     def __init__(self, seq_lens, block_size, num_kv_heads, head_dim, generator, dtype=torch.float32, device="cpu"):
-        blocks_per_row = [math.ceil(n / block_size) for n in seq_lens]
-        num_blocks = sum(blocks_per_row) + 3
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
-        self.v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
-        self.block_tables = torch.full((len(seq_lens), max(blocks_per_row) + 1), -1, dtype=torch.int32)
-        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
-        self.dense_k, self.dense_v = [], []
-        free_blocks = torch.randperm(num_blocks, generator=generator).tolist()
-        for row, seq_len in enumerate(seq_lens):
-            blocks = torch.tensor([free_blocks.pop() for _ in range(blocks_per_row[row])], dtype=torch.long)
-            self.block_tables[row, : len(blocks)] = blocks.int()
-            positions = torch.arange(seq_len)
-            slot_blocks, slot_offsets = blocks[positions // block_size].to(device), (positions % block_size).to(device)
-            for dense, cache in ((self.dense_k, self.k_cache), (self.dense_v, self.v_cache)):
-                rows = torch.randn(seq_len, num_kv_heads, head_dim, generator=generator).to(dtype).to(device)
-                cache[slot_blocks, slot_offsets] = rows
-                dense.append(rows)
+        super().__init__(seq_lens, block_size, num_kv_heads, head_dim, generator, dtype, device)
+        self.block_tables = torch.full((len(seq_lens), max(map(len, self.tables)) + 1), -1, dtype=torch.int32)
+        for row, blocks in enumerate(self.tables):
+            self.block_tables[row, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
         self.block_tables = self.block_tables.to(device)
+        self.seq_lens = torch.tensor(seq_lens, dtype=torch.int32, device=device)
 
     def caches(self) -> tuple[torch.Tensor, ...]:
         """k_cache, v_cache, block_tables, seq_lens: the kernel's cache arguments, in order."""

@@ -1,14 +1,13 @@
 """Paged prefill attention (Triton in the interpreter on the CPU) against its fp32 reference, the reference
 against naive float64 attention over the unpaged K/V, and the CPU path (SDPA) against the reference."""
 
-import math
-
 import pytest
 import torch
 
 from qwen3_runtime import ops
 from qwen3_runtime.ops import prefill_attention
 from qwen3_runtime.ops.prefill_attention import PrefillPlan, paged_prefill_attention, paged_prefill_attention_reference
+from tests.ops.conftest import PagedCache
 
 # (cached prefix, new tokens): whole prompts, single tokens, chunks starting mid-block (prefix 1, 17, 30,
 # 33, 40), lengths that are not multiples of any tile, and a sequence with nothing new. Prefix 30: the
@@ -16,31 +15,15 @@ from qwen3_runtime.ops.prefill_attention import PrefillPlan, paged_prefill_atten
 SEQS = [(0, 1), (0, 37), (17, 5), (1, 1), (33, 20), (9, 0), (0, 16), (30, 7), (40, 3)]
 
 
-class PagedSequences:
-    """Sequences' K/V in a paged cache of shuffled blocks, with the same K/V unpaged beside it.
-
-    Unused cache slots are NaN and every block table ends in -1, so any read of them shows.
-    """
+class PagedSequences(PagedCache):
+    """(cached prefix, new tokens) sequences' K/V paged as prefill attention reads them: every block table
+    ends in -1, so any read past it shows."""
 
     def __init__(self, seqs, block_size, num_kv_heads, head_dim, generator, dtype=torch.float32, device="cpu"):
         self.query_lens = [n for _, n in seqs]
         self.seq_lens = [prefix + n for prefix, n in seqs]
-        blocks_per_seq = [math.ceil(n / block_size) for n in self.seq_lens]
-        num_blocks = sum(blocks_per_seq) + 3
-        shape = (num_blocks, block_size, num_kv_heads, head_dim)
-        self.k_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
-        self.v_cache = torch.full(shape, float("nan"), dtype=dtype, device=device)
-        self.block_tables, self.dense_k, self.dense_v = [], [], []
-        free_blocks = torch.randperm(num_blocks, generator=generator).tolist()
-        for seq_len, num in zip(self.seq_lens, blocks_per_seq):
-            blocks = torch.tensor([free_blocks.pop() for _ in range(num)], dtype=torch.long)
-            self.block_tables.append(blocks.tolist() + [-1])
-            positions = torch.arange(seq_len)
-            slot_blocks, slot_offsets = blocks[positions // block_size].to(device), (positions % block_size).to(device)
-            for dense, cache in ((self.dense_k, self.k_cache), (self.dense_v, self.v_cache)):
-                rows = torch.randn(seq_len, num_kv_heads, head_dim, generator=generator).to(dtype).to(device)
-                cache[slot_blocks, slot_offsets] = rows
-                dense.append(rows)
+        super().__init__(self.seq_lens, block_size, num_kv_heads, head_dim, generator, dtype, device)
+        self.block_tables = [blocks + [-1] for blocks in self.tables]
 
     def plan(self, group_size: int, **kw) -> PrefillPlan:
         device = self.k_cache.device
