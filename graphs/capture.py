@@ -1,7 +1,7 @@
-"""One CUDA graph per (batch-size bucket, variant) of a step function that reads and writes only
-static buffers. A batch is padded up to the nearest bucket and replayed; a batch over the largest
-bucket, and every run where graphs are off (the CPU), calls the same step eagerly, padded the same
-way, so padding and masking are exercised everywhere."""
+"""One CUDA graph per (size bucket, variant) of a step function that reads and writes only static
+buffers, the size being a decode step's rows or a prefill's tokens. A batch is padded up to the nearest
+bucket and replayed; a batch over the largest bucket, and every run where graphs are off (the CPU),
+calls the same step eagerly, padded the same way, so padding and masking are exercised everywhere."""
 
 from __future__ import annotations
 
@@ -18,6 +18,12 @@ def default_buckets(max_batch: int) -> list[int]:
     """1, 2, 4, 8, then steps of 8, up to and including max_batch."""
     sizes = {b for b in (1, 2, 4) if b < max_batch} | set(range(8, max_batch, 8)) | {max_batch}
     return sorted(sizes)
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """16, 32, ..., 512, then steps of 256, up to and including max_tokens."""
+    sizes = {b for b in (16, 32, 64, 128, 256, 512) if b < max_tokens} | set(range(768, max_tokens, 256))
+    return sorted(sizes | {max_tokens})
 
 
 class StepGraphs:

@@ -88,6 +88,9 @@ class EngineConfig:
     cuda_graphs: bool = True
     # Padded batch sizes; None: 1, 2, 4, 8, then steps of 8 up to max_num_seqs.
     cuda_graph_buckets: list[int] | None = None
+    # Prefills of up to this many tokens (capped by max_num_batched_tokens) replay CUDA graphs too, padded to
+    # 16, 32, ..., 512, then steps of 256 tokens; longer ones run eagerly, where the GPU's time hides the host's.
+    prefill_graph_max_tokens: int = field(default=2048, metadata=_range(1))
     # Launch each decode step before reading the one before, so the host's work overlaps the GPU's; a
     # request that stops on a token costs one discarded row in the step after.
     async_scheduling: bool = True

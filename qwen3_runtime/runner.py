@@ -3,9 +3,9 @@
 Decode: stage the rows into static buffers, replay the bucket's CUDA graph (model -> lm_head ->
 sampling -> logprobs reduction -> packing), copy the packed rows out; `collect` waits once. With async
 scheduling the next step is launched before that wait, its input ids read on the device from the step
-in flight. Prefill: an eager forward over chunks of prompts (each attending to its request's cached KV),
-prompt logprobs of the positions computed, then the same sampling, reduction and packing for each
-prompt's last position.
+in flight. Prefill: a forward over chunks of prompts (each attending to its request's cached KV), replayed
+from the CUDA graph of its token bucket, then (eagerly) prompt logprobs of the positions computed and the same
+sampling, reduction and packing for each prompt's last position.
 """
 
 from __future__ import annotations
@@ -16,9 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from graphs import StepGraphs, default_buckets
+from graphs import StepGraphs, default_buckets, token_buckets
 from qwen3_runtime.config import Config
-from qwen3_runtime.kv_cache import cache_slot
 from qwen3_runtime.logprobs import LogprobBuffers, TokenLogprob, reduce_logprobs
 from qwen3_runtime.logprobs.host_path import LogprobsRouting, full_row_logprob
 from qwen3_runtime.logprobs.prompt import NOT_FINITE, PromptLogprobs, ScoredSpan
@@ -26,8 +25,8 @@ from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops import cdiv, num_sms
 from qwen3_runtime.ops.decode_attention import default_num_splits
 from qwen3_runtime.ops.greedy import greedy_max
-from qwen3_runtime.ops.prefill_attention import PrefillPlan
 from qwen3_runtime.packing import pack, packed_width
+from qwen3_runtime.prefill_inputs import PrefillStager
 from qwen3_runtime.request import Request
 from qwen3_runtime.sampler import processed_logits, sample
 from qwen3_runtime.scheduler import PrefillChunk
@@ -70,6 +69,10 @@ class ModelRunner:
         self.stats = RunnerStats()
         max_blocks = cdiv(engine.max_model_len, engine.block_size)
         self.stager = InputStager(max_rows, max_blocks, engine.block_size, self.device, self._request_row)
+        max_tokens = engine.max_num_batched_tokens
+        self.prefill_stager = PrefillStager(
+            max_tokens, max_rows, max_blocks, engine.block_size, self.group_size, self.device
+        )
         self.logprobs = LogprobBuffers.allocate(max_rows, k_max, vocab, self.device)
         self.outputs = StepOutputs(max_rows, packed_width(k_max), self.device, self.stats)
         self.prompt_logprobs = PromptLogprobs(
@@ -83,10 +86,14 @@ class ModelRunner:
         variants = [(variant, buffer) for variant in (GREEDY, RANDOM, FILTERED) for buffer in (0, 1)]
         buckets = engine.cuda_graph_buckets or default_buckets(max_rows)
         self.graphs = StepGraphs(self._decode_step, buckets, variants=variants)
+        self.prefill_graphs = StepGraphs(
+            self._prefill_forward, token_buckets(min(max_tokens, engine.prefill_graph_max_tokens))
+        )
         if self.device.type == "cuda" and engine.cuda_graphs:
             start = time.perf_counter()
             with torch.inference_mode():
                 self.graphs.capture()
+                self.prefill_graphs.capture()
             self.stats.capture_s = time.perf_counter() - start
 
     def overlappable(self, reqs: list[Request]) -> bool:
@@ -111,16 +118,9 @@ class ModelRunner:
     def prefill(self, chunks: list[PrefillChunk]) -> StepInFlight:
         """Chunks of prompts (or of a preempted request's tokens) in one pass, each attending to the KV its
         request has in the cache; samples the next token of each request whose last chunk this is."""
-        lengths = [chunk.num_tokens for chunk in chunks]
-        rows = np.cumsum([0] + lengths)  # each chunk's first row of the forward
-        positions = np.concatenate([np.arange(c.start, c.end) for c in chunks])
-        tables = [c.req.block_table for c in chunks]
-        slots = np.concatenate([cache_slot(np.asarray(t), np.arange(c.start, c.end), self.block_size)
-                                for c, t in zip(chunks, tables)])  # fmt: skip
-        plan = PrefillPlan.build(lengths, [c.end for c in chunks], tables, self.device, group_size=self.group_size)
-        meta = AttentionMetadata(slot_mapping=self._tensor(slots), prefill=plan)
-        tokens = self._tensor(np.concatenate([c.req.tokens[c.start : c.end] for c in chunks]))
-        hidden = self.model(tokens, self._tensor(positions), self.kv_cache, meta)
+        rows = np.cumsum([0] + [chunk.num_tokens for chunk in chunks])  # each chunk's first row of the forward
+        self.prefill_stager.stage(chunks, self.prefill_graphs.padded_size(int(rows[-1])))
+        _, hidden = self.prefill_graphs.run(int(rows[-1]))
         spans = [ScoredSpan.of_chunk(c.req, row, c.start, c.end) for c, row in zip(chunks, rows)]
         prompt_spans = self.prompt_logprobs.compute([s for s in spans if s], hidden, self.model.compute_logits)
         last = [(c.req, row + c.num_tokens - 1) for c, row in zip(chunks, rows) if c.is_last]
@@ -150,6 +150,12 @@ class ModelRunner:
             results[i].logprob = row  # built into a TokenLogprob when read (StepLogprobs)
         self.prompt_logprobs.unpack(step.prompt_logprob_spans)
         return results
+
+    def _prefill_forward(self, padded_tokens: int, _: None) -> torch.Tensor:
+        """The prefill forward over the staged chunks, captured per token bucket: final hidden states."""
+        input_ids, positions, slots = self.prefill_stager.token_inputs(padded_tokens)
+        meta = AttentionMetadata(slot_mapping=slots, prefill=self.prefill_stager.plan(padded_tokens))
+        return self.model(input_ids, positions, self.kv_cache, meta)
 
     def _decode_step(self, padded_rows: int, key: tuple[str, int]) -> torch.Tensor:
         """The captured step, one per (variant, buffer): reads only static inputs, writes its results into

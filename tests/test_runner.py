@@ -215,7 +215,8 @@ def test_prompt_logprobs_add_one_copy_and_no_wait(make_runtime, tiny_checkpoint)
 
 
 def _check_padded_rows_never_write_the_cache(rt):
-    reserved = rt.scheduler.blocks.free.popleft()  # block 0: where a padded row's slot 0 would land
+    # block 0: where a padded row's (or a prefill's padded token's) slot 0 would land
+    reserved = rt.scheduler.blocks.free.popleft()
     assert reserved == 0
     rt.kv_cache.fill_(float("nan"))
     outs = rt.generate([[1, 2, 3], [4, 5], [6]], SamplingParams(max_tokens=20, temperature=0, ignore_eos=True))
@@ -322,6 +323,7 @@ def test_graph_eager_and_host_paths_agree(config):
         runs[name] = _run_joining(rt, _gpu_requests(rt.vocab_size))
         if overrides.get("engine.cuda_graphs", True):  # greedy, random, filtered x two result buffers
             assert len(rt.runner.graphs.graphs) == 6 * len(rt.runner.graphs.buckets)
+            assert len(rt.runner.prefill_graphs.graphs) == len(rt.runner.prefill_graphs.buckets)
         del rt
         torch.cuda.empty_cache()
     listed = lambda lps: None if lps is None else list(lps)  # noqa: E731

@@ -13,7 +13,7 @@ online softmax (fp32 max, sum and output; exp2 with the scale folded into log2 u
 tiles in two loops: the keys every row of the tile sees, unmasked, then the tiles across the diagonal,
 causally masked, up to the tile's last query and no further. The tile table is built on the host with
 the other per-forward tensors (PrefillPlan), heaviest tiles first so the longest programs start first;
-every layer reuses it, and the kernel never waits for the host.
+every layer reuses it, and the kernel never waits for the host. Tiles of sequence -1 pad a CUDA graph's grid.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from qwen3_runtime.ops import use_triton
+from qwen3_runtime.ops import cdiv, use_triton
 
 # Sized for sm_90 at head_dim 128 (scripts/bench_prefill_attention.py times them against alternatives, and
 # this set was the fastest of its four at every shape it runs). Query rows (tokens x the GQA group) per
@@ -41,9 +41,39 @@ NUM_WARPS = 4
 NUM_STAGES = 3
 
 
+def tile_tokens(group_size: int, block_m: int = BLOCK_M) -> int:
+    """New tokens per tile: a tile's rows are its tokens times the GQA group."""
+    return max(1, block_m // group_size)
+
+
+def max_tiles(num_tokens: int, max_seqs: int, block_q: int) -> int:
+    """The most tiles `num_tokens` new tokens of at most `max_seqs` sequences take (each sequence's last tile
+    may be partial): the fixed grid of a CUDA graph that replays any such batch."""
+    return cdiv(num_tokens, block_q) + min(num_tokens, max_seqs)
+
+
+def tile_table(query_lens: list[int], seq_lens: list[int], block_q: int) -> tuple[np.ndarray, np.ndarray]:
+    """query_start_loc [B+1] and the tiles [num_tiles, 2] (sequence, its first new token in the tile),
+    heaviest first, as int64."""
+    q_lens, s_lens = np.asarray(query_lens, dtype=np.int64), np.asarray(seq_lens, dtype=np.int64)
+    assert (q_lens <= s_lens).all()
+    starts = np.zeros(len(q_lens) + 1, dtype=np.int64)
+    np.cumsum(q_lens, out=starts[1:])
+    tiles_per_seq = -(-q_lens // block_q)
+    tile_seq = np.repeat(np.arange(len(q_lens)), tiles_per_seq)
+    tile_first = np.arange(len(tile_seq)) - np.repeat(np.cumsum(tiles_per_seq) - tiles_per_seq, tiles_per_seq)
+    tile_first *= block_q
+    # Keys a tile attends to: up to its last query's position.
+    tile_keys = s_lens[tile_seq] - q_lens[tile_seq] + np.minimum(tile_first + block_q, q_lens[tile_seq])
+    order = np.argsort(-tile_keys, kind="stable")
+    return starts, np.stack([tile_seq[order], tile_first[order]], axis=1)
+
+
 @dataclass
 class PrefillPlan:
-    """Built once per prefill forward (host ints -> one device copy), shared by every layer."""
+    """Per prefill forward (host ints -> one device copy), shared by every layer. A CUDA-graphed prefill reads
+    its plan from static buffers sized for the graph (prefill_inputs.py): the tile table then ends in padding
+    tiles (sequence -1), which the kernel skips."""
 
     query_start_loc: torch.Tensor  # [B+1] int32: sequence b's new tokens are rows qsl[b]:qsl[b+1] of q
     seq_lens: torch.Tensor  # [B] int32: context length after this forward (cached prefix + new tokens)
@@ -67,26 +97,14 @@ class PrefillPlan:
     ) -> PrefillPlan:
         """query_lens[b] new tokens of sequence b, seq_lens[b] its length with them, block_tables[b] its
         cache blocks; group_size: query heads per KV head (a tile holds block_m // group_size tokens)."""
-        batch = len(query_lens)
-        block_q = max(1, block_m // group_size)
-        q_lens, s_lens = np.asarray(query_lens, dtype=np.int64), np.asarray(seq_lens, dtype=np.int64)
-        assert (q_lens <= s_lens).all()
-        starts = np.zeros(batch + 1, dtype=np.int64)
-        np.cumsum(q_lens, out=starts[1:])
-        tiles_per_seq = -(-q_lens // block_q)
-        tile_seq = np.repeat(np.arange(batch), tiles_per_seq)
-        tile_first = np.arange(len(tile_seq)) - np.repeat(np.cumsum(tiles_per_seq) - tiles_per_seq, tiles_per_seq)
-        tile_first *= block_q
-        # Keys a tile attends to: up to its last query's position.
-        tile_keys = s_lens[tile_seq] - q_lens[tile_seq] + np.minimum(tile_first + block_q, q_lens[tile_seq])
-        order = np.argsort(-tile_keys, kind="stable")
-        table = np.zeros((batch, max(1, max(map(len, block_tables), default=0))), dtype=np.int64)
+        block_q = tile_tokens(group_size, block_m)
+        starts, tiles = tile_table(query_lens, seq_lens, block_q)
+        table = np.zeros((len(query_lens), max(1, max(map(len, block_tables), default=0))), dtype=np.int64)
         for row, blocks in enumerate(block_tables):
             table[row, : len(blocks)] = blocks
-        tiles = np.stack([tile_seq[order], tile_first[order]], axis=1)
-        packed = np.concatenate([starts, s_lens, table.ravel(), tiles.ravel()]).astype(np.int32)
+        packed = np.concatenate([starts, seq_lens, table.ravel(), tiles.ravel()]).astype(np.int32)
         on_device = torch.as_tensor(packed).to(device, non_blocking=True)
-        parts = on_device.split([batch + 1, batch, table.size, tiles.size])
+        parts = on_device.split([len(starts), len(seq_lens), table.size, tiles.size])
         return cls(
             parts[0], parts[1], parts[2].view(table.shape), parts[3].view(-1, 2), block_q, group_size,
             list(query_lens), list(seq_lens),
@@ -107,6 +125,8 @@ def _prefill_attention_kernel(
     tile = tl.program_id(0) // NUM_KV_HEADS
     kv_head = tl.program_id(0) % NUM_KV_HEADS
     seq = tl.load(tiles_ptr + 2 * tile)
+    if seq < 0:  # a padding tile of a CUDA graph's fixed grid
+        return
     first = tl.load(tiles_ptr + 2 * tile + 1)
     q_begin = tl.load(query_start_loc_ptr + seq)
     query_len = tl.load(query_start_loc_ptr + seq + 1) - q_begin

@@ -120,6 +120,22 @@ def test_kernel_survives_huge_logits():
     _check_kernel(q, paged, paged.plan(2, block_m=16), 0.25, tolerance=2e-3)
 
 
+def test_padding_tiles_and_rows_are_left_alone():
+    """A CUDA graph's plan: token rows past the real ones and tiles of sequence -1 up to the fixed grid."""
+    q, paged = _inputs(16, 2, 2, 16, seed=4)
+    real = q.shape[0]
+    q = torch.cat([q, torch.randn(5, *q.shape[1:])])
+    plan = paged.plan(2, block_m=16)
+    plan.tiles = torch.cat([plan.tiles, torch.tensor([[-1, 0]] * 7, dtype=torch.int32)])
+    out = torch.full_like(q, float("nan"))
+
+    paged_prefill_attention(q, paged.k_cache, paged.v_cache, plan, 0.25, out=out)
+
+    expected = paged_prefill_attention_reference(q[:real], paged.k_cache, paged.v_cache, plan, 0.25)
+    assert _rel_err(out[:real], expected) <= 1e-5
+    assert out[real:].isnan().all()
+
+
 def _check_kernel(q, paged, plan, scale, tolerance):
     out = torch.full_like(q, float("nan"))  # poisoned: any row the kernel fails to write shows
 

@@ -1,0 +1,115 @@
+"""The prefill forward's inputs in static buffers: packed tokens and the attention plan, so one CUDA graph per
+token bucket replays any prefill of up to that many tokens (and at most max_seqs chunks).
+
+Token rows past the real ones are padding (token 0 at position 0, cache slot -1: not stored, and attended by
+no tile); the tile table is padded with tiles of sequence -1 up to the bucket's fixed grid. Everything goes to
+the device in one copy from a pinned host mirror."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from qwen3_runtime.kv_cache import cache_slot
+from qwen3_runtime.ops.prefill_attention import PrefillPlan, max_tiles, tile_table, tile_tokens
+from qwen3_runtime.scheduler import PrefillChunk
+
+TOKEN_PADDING = np.array([0, 0, -1], dtype=np.int64)[:, None]  # input id, position, cache slot
+PADDING_TILE = np.array([-1, 0], dtype=np.int32)
+
+
+class PrefillBuffers:
+    """One byte buffer: int64 tokens [3, max_tokens] (input ids, positions, cache slots), then int32 query
+    start locations [max_seqs + 1], sequence lengths [max_seqs], tiles [max_tiles, 2] and block tables
+    [max_seqs, max_blocks], the tables last so a copy can stop after the rows in use."""
+
+    def __init__(
+        self, max_tokens: int, max_seqs: int, max_blocks: int, block_q: int, device: torch.device, pin: bool = False
+    ) -> None:
+        shapes = (
+            ((3, max_tokens), torch.int64),
+            ((max_seqs + 1,), torch.int32),
+            ((max_seqs,), torch.int32),
+            ((max_tiles(max_tokens, max_seqs, block_q), 2), torch.int32),
+            ((max_seqs, max_blocks), torch.int32),
+        )
+        sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in shapes]  # multiples of 8 but the last two
+        self.buffer = torch.zeros(sum(sizes), dtype=torch.uint8, device=device, pin_memory=pin)
+        starts = np.cumsum([0] + sizes).tolist()
+        self.tokens, self.query_start_loc, self.seq_lens, self.tiles, self.block_tables = (
+            self.buffer[start : start + size].view(dtype).view(shape)
+            for start, size, (shape, dtype) in zip(starts, sizes, shapes)
+        )
+
+    def bytes_through_table(self, num_seqs: int) -> int:
+        """Bytes up to the end of the first `num_seqs` block tables."""
+        return self.buffer.numel() - (self.block_tables.shape[0] - num_seqs) * self.block_tables[0].nbytes
+
+
+class PrefillStager:
+    """Fills the device buffers the prefill forward (captured or not) reads, and gives its plan."""
+
+    def __init__(
+        self, max_tokens: int, max_seqs: int, max_blocks: int, block_size: int, group_size: int, device: torch.device
+    ) -> None:
+        self.block_size, self.group_size, self.max_seqs = block_size, group_size, max_seqs
+        self.block_q = tile_tokens(group_size)
+        pinned = device.type == "cuda"
+        self.inputs = PrefillBuffers(max_tokens, max_seqs, max_blocks, self.block_q, device)
+        self.host = PrefillBuffers(max_tokens, max_seqs, max_blocks, self.block_q, torch.device("cpu"), pinned)
+        for buffers in (self.inputs, self.host):  # what a capture's warm-up runs read: padding only
+            buffers.tokens.copy_(torch.as_tensor(TOKEN_PADDING))
+            buffers.tiles.copy_(torch.as_tensor(PADDING_TILE))
+        self._host_copied = torch.cuda.Event() if pinned else None
+        self._query_lens: list[int] = []
+        self._seq_lens: list[int] = []
+
+    def stage(self, chunks: list[PrefillChunk], padded_tokens: int) -> None:
+        """The chunks' tokens back to back, padded to `padded_tokens` rows, and their plan."""
+        if self._host_copied is not None:  # the host mirror's last copy must have left
+            self._host_copied.synchronize()
+        assert len(chunks) <= self.max_seqs
+        host = self.host
+        self._query_lens = [c.num_tokens for c in chunks]
+        self._seq_lens = [c.end for c in chunks]
+        num_tokens = sum(self._query_lens)
+        tokens = host.tokens.numpy()
+        tokens[0, :num_tokens] = np.concatenate([c.req.tokens[c.start : c.end] for c in chunks])
+        positions = np.concatenate([np.arange(c.start, c.end) for c in chunks])
+        tokens[1, :num_tokens] = positions
+        tokens[2, :num_tokens] = np.concatenate(
+            [cache_slot(np.asarray(c.req.block_table), np.arange(c.start, c.end), self.block_size) for c in chunks]
+        )
+        tokens[:, num_tokens:padded_tokens] = TOKEN_PADDING
+        starts, tiles = tile_table(self._query_lens, self._seq_lens, self.block_q)
+        host.query_start_loc.numpy()[: len(starts)] = starts
+        host.seq_lens.numpy()[: len(chunks)] = self._seq_lens
+        host_tiles = host.tiles.numpy()
+        host_tiles[: len(tiles)] = tiles
+        host_tiles[len(tiles) : self._num_tiles(padded_tokens)] = PADDING_TILE
+        tables = host.block_tables.numpy()
+        for row, chunk in enumerate(chunks):
+            table = chunk.req.block_table
+            tables[row, : len(table)] = table
+        end = host.bytes_through_table(len(chunks))
+        self.inputs.buffer[:end].copy_(host.buffer[:end], non_blocking=True)
+        if self._host_copied is not None:
+            self._host_copied.record()
+
+    def token_inputs(self, padded_tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Input ids, positions and cache slots of the first `padded_tokens` rows."""
+        input_ids, positions, slots = self.inputs.tokens[:, :padded_tokens]
+        return input_ids, positions, slots
+
+    def plan(self, padded_tokens: int) -> PrefillPlan:
+        """The attention plan over static buffers, its tile grid fixed by the token count."""
+        inp = self.inputs
+        return PrefillPlan(
+            inp.query_start_loc, inp.seq_lens, inp.block_tables, inp.tiles[: self._num_tiles(padded_tokens)],
+            self.block_q, self.group_size, self._query_lens, self._seq_lens,
+        )  # fmt: skip
+
+    def _num_tiles(self, padded_tokens: int) -> int:
+        return max_tiles(padded_tokens, self.max_seqs, self.block_q)
