@@ -105,7 +105,6 @@ def shapes(args: argparse.Namespace) -> Iterator[dict]:
         "engine.max_model_len": max(engine.max_model_len, *(n + 1 for _, n in sizes)),
         "engine.max_num_seqs": max(b for b, _ in sizes),
         "engine.prefix_caching": False,
-        "engine.cuda_graphs": False,  # no decode step: max_tokens=1
     })  # fmt: skip
     arch = rt.model.config
     rate, bandwidth, nbytes = matmul_rate(rt.device, rt.dtype), copy_bandwidth(rt.device), weight_bytes(rt.model)
@@ -270,7 +269,6 @@ def prompt(args: argparse.Namespace) -> Iterator[dict]:
         "engine.max_num_batched_tokens": max(engine.max_num_batched_tokens, n),
         "engine.max_model_len": max(engine.max_model_len, n + 1),
         "engine.prefix_caching": False,
-        "engine.cuda_graphs": False,
     })  # fmt: skip
     rng, times = np.random.default_rng(args.seed), {None: [], 5: []}
     for _ in range(3 * args.repeats + 1):
