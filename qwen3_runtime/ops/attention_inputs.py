@@ -19,6 +19,9 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from qwen3_runtime.ops import pdl_launch, use_triton
 from qwen3_runtime.ops.norms import add_rms_norm_reference
 
+DECODE_ROWS = 64  # up to this many tokens, a program per (token, head)
+PREFILL_TILE_TOKENS = 16  # above it, tokens per program
+
 
 @triton.jit
 def _attention_inputs_kernel(
@@ -32,6 +35,7 @@ def _attention_inputs_kernel(
     k_ptr,
     k_cache_ptr,
     v_cache_ptr,
+    num_tokens,
     num_heads,
     num_kv_heads,
     qkv_stride,
@@ -41,23 +45,25 @@ def _attention_inputs_kernel(
     stride_cache_offset,
     stride_cache_head,
     BLOCK_SIZE: tl.constexpr,
+    BLOCK_T: tl.constexpr,
     HALF_BLOCK: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
-    """One program per (token, head) over q heads, then k heads, then v heads."""
+    """One program per (BLOCK_T tokens, head) over q heads, then k heads, then v heads."""
     if USE_PDL:  # the attention kernel may launch now and wait
         gdc_launch_dependents()
-    token = tl.program_id(0).to(tl.int64)
+    token = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     head = tl.program_id(1)
     half = head_dim // 2
     offs = tl.arange(0, HALF_BLOCK)
-    mask = offs < half
+    in_range = token < num_tokens
+    mask = in_range[:, None] & (offs < half)[None, :]
     dtype = q_ptr.dtype.element_ty
-    # The row's slot and position (staged by the host before the step), the norm weight and the rotary
+    # The rows' slots and positions (staged by the host before the step), the norm weight and the rotary
     # table (constants) are read before the wait, while the projection before runs: after it only qkv is
     # a memory round trip away, where the table's address would otherwise wait for the position.
-    slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
-    position = tl.load(positions_ptr + token).to(tl.int64)
+    slot = tl.load(slot_mapping_ptr + token, mask=in_range, other=-1).to(tl.int64)
+    position = tl.load(positions_ptr + token, mask=in_range, other=0).to(tl.int64)
     is_q = head < num_heads
     is_v = head >= num_heads + num_kv_heads
     qk_mask = offs < tl.where(is_v, 0, half)  # v heads are copied as they are
@@ -67,38 +73,39 @@ def _attention_inputs_kernel(
     else:
         w1 = tl.load(k_weight_ptr + offs, mask=qk_mask, other=0.0).to(tl.float32)
         w2 = tl.load(k_weight_ptr + half + offs, mask=qk_mask, other=0.0).to(tl.float32)
-    cos = tl.load(cos_sin_ptr + position * head_dim + offs, mask=qk_mask, other=0.0).to(dtype).to(tl.float32)
-    sin = tl.load(cos_sin_ptr + position * head_dim + half + offs, mask=qk_mask, other=0.0).to(dtype).to(tl.float32)
+    table = cos_sin_ptr + position[:, None] * head_dim + offs[None, :]
+    rope_mask = in_range[:, None] & qk_mask[None, :]
+    cos = tl.load(table, mask=rope_mask, other=0.0).to(dtype).to(tl.float32)
+    sin = tl.load(table + half, mask=rope_mask, other=0.0).to(dtype).to(tl.float32)
     if USE_PDL:  # this one waits for its predecessor
         gdc_wait()
-    src = qkv_ptr + token * qkv_stride + head * head_dim
-    # Not `mask & (slot >= 0)`: the interpreter turns scalar & block into int32.
-    store_mask = offs < tl.where(slot >= 0, half, 0)
+    src = qkv_ptr + token[:, None] * qkv_stride + head * head_dim + offs[None, :]
+    store_mask = (slot >= 0)[:, None] & mask  # padded rows (slot -1) are not stored
     slot = tl.maximum(slot, 0)  # a padded row's (masked) addresses stay inside the cache
-    cache_row = (slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset
+    cache_row = ((slot // BLOCK_SIZE) * stride_cache_block + (slot % BLOCK_SIZE) * stride_cache_offset)[:, None]
     if is_v:
-        dst = v_cache_ptr + cache_row + (head - num_heads - num_kv_heads) * stride_cache_head
-        tl.store(dst + offs, tl.load(src + offs, mask=store_mask), mask=store_mask)
-        tl.store(dst + half + offs, tl.load(src + half + offs, mask=store_mask), mask=store_mask)
+        dst = v_cache_ptr + cache_row + (head - num_heads - num_kv_heads) * stride_cache_head + offs[None, :]
+        tl.store(dst, tl.load(src, mask=store_mask), mask=store_mask)
+        tl.store(dst + half, tl.load(src + half, mask=store_mask), mask=store_mask)
         return
-    x1 = tl.load(src + offs, mask=mask, other=0.0).to(tl.float32)
-    x2 = tl.load(src + half + offs, mask=mask, other=0.0).to(tl.float32)
-    inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=0) + tl.sum(x2 * x2, axis=0)) / head_dim + eps)
-    x1 = ((x1 * inv_rms).to(dtype).to(tl.float32) * w1).to(dtype).to(tl.float32)
-    x2 = ((x2 * inv_rms).to(dtype).to(tl.float32) * w2).to(dtype).to(tl.float32)
+    x1 = tl.load(src, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(src + half, mask=mask, other=0.0).to(tl.float32)
+    inv_rms = tl.rsqrt((tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / head_dim + eps)[:, None]
+    x1 = ((x1 * inv_rms).to(dtype).to(tl.float32) * w1[None, :]).to(dtype).to(tl.float32)
+    x2 = ((x2 * inv_rms).to(dtype).to(tl.float32) * w2[None, :]).to(dtype).to(tl.float32)
     out1, out2 = (x1 * cos - x2 * sin).to(dtype), (x2 * cos + x1 * sin).to(dtype)
     if is_q:
-        dst = q_ptr + (token * num_heads + head) * head_dim
-        tl.store(dst + offs, out1, mask=mask)
-        tl.store(dst + half + offs, out2, mask=mask)
+        dst = q_ptr + (token[:, None] * num_heads + head) * head_dim + offs[None, :]
+        tl.store(dst, out1, mask=mask)
+        tl.store(dst + half, out2, mask=mask)
     else:
         kv_head = head - num_heads
-        dst = k_ptr + (token * num_kv_heads + kv_head) * head_dim
-        tl.store(dst + offs, out1, mask=mask)
-        tl.store(dst + half + offs, out2, mask=mask)
-        dst = k_cache_ptr + cache_row + kv_head * stride_cache_head
-        tl.store(dst + offs, out1, mask=store_mask)
-        tl.store(dst + half + offs, out2, mask=store_mask)
+        dst = k_ptr + (token[:, None] * num_kv_heads + kv_head) * head_dim + offs[None, :]
+        tl.store(dst, out1, mask=mask)
+        tl.store(dst + half, out2, mask=mask)
+        dst = k_cache_ptr + cache_row + kv_head * stride_cache_head + offs[None, :]
+        tl.store(dst, out1, mask=store_mask)
+        tl.store(dst + half, out2, mask=store_mask)
 
 
 def attention_inputs(
@@ -132,8 +139,11 @@ def attention_inputs(
     assert k_cache.dtype == v_cache.dtype == qkv.dtype
     q = torch.empty(tokens, num_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     k = torch.empty(tokens, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
+    # A decode step's few rows: a one-warp program per (row, head) starts soonest; a prefill's many tokens
+    # take tiles of rows, so the programs are few enough not to be launch-bound.
+    block_t, warps = (1, 1) if tokens <= DECODE_ROWS else (PREFILL_TILE_TOKENS, 4)
     if tokens:
-        _attention_inputs_kernel[(tokens, num_heads + 2 * num_kv_heads)](
+        _attention_inputs_kernel[(triton.cdiv(tokens, block_t), num_heads + 2 * num_kv_heads)](
             qkv,
             q_weight,
             k_weight,
@@ -144,6 +154,7 @@ def attention_inputs(
             k,
             k_cache,
             v_cache,
+            tokens,
             num_heads,
             num_kv_heads,
             qkv.stride(0),
@@ -153,8 +164,9 @@ def attention_inputs(
             k_cache.stride(1),
             k_cache.stride(2),
             BLOCK_SIZE=k_cache.shape[1],
+            BLOCK_T=block_t,
             HALF_BLOCK=triton.next_power_of_2(head_dim // 2),
-            num_warps=1,
+            num_warps=warps,
             **pdl_launch(qkv),
         )
     return q, k, _v_view(qkv, num_heads, num_kv_heads, head_dim)

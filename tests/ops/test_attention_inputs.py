@@ -39,12 +39,14 @@ def _expected_cache(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor)
     return expected
 
 
+# 7 tokens: a program per (token, head); 70: tiles of PREFILL_TILE_TOKENS, the last one partial.
+@pytest.mark.parametrize("tokens", [7, 70])
 @pytest.mark.parametrize("head_dim,block_size", [(24, 8), (32, 16)])
 @pytest.mark.parametrize("implementation", [attention_inputs, attention_inputs_reference])
-def test_normed_rotated_and_stored_exactly_at_the_mapped_slots(head_dim, block_size, implementation):
-    heads, kv_heads, tokens = 4, 2, 7
+def test_normed_rotated_and_stored_exactly_at_the_mapped_slots(tokens, head_dim, block_size, implementation):
+    heads, kv_heads = 4, 2
     qkv, qw, kw, cos_sin, positions, (k_cache, v_cache), slots = _inputs(
-        tokens, heads, kv_heads, head_dim, block_size, 3, torch.float32
+        tokens, heads, kv_heads, head_dim, block_size, 12, torch.float32
     )
     q_ref, k_ref, v_ref = attention_inputs_reference(
         qkv, heads, kv_heads, qw, kw, 1e-6, cos_sin, positions, k_cache.clone(), v_cache.clone(), slots
@@ -71,8 +73,9 @@ def test_all_rows_padded_leave_the_cache_untouched():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-def test_bf16_matches_the_reference_on_the_gpu():
-    qkv, qw, kw, cos_sin, positions, caches, slots = _inputs(33, 32, 8, 128, 16, 64, torch.bfloat16, "cuda")
+@pytest.mark.parametrize("tokens", [33, 301])
+def test_bf16_matches_the_reference_on_the_gpu(tokens):
+    qkv, qw, kw, cos_sin, positions, caches, slots = _inputs(tokens, 32, 8, 128, 16, 64, torch.bfloat16, "cuda")
     ref_caches = [c.clone() for c in caches]
     ours = attention_inputs(qkv, 32, 8, qw, kw, 1e-6, cos_sin, positions, *caches, slots)
     ref = attention_inputs_reference(qkv, 32, 8, qw, kw, 1e-6, cos_sin, positions, *ref_caches, slots)
