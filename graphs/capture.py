@@ -21,9 +21,10 @@ def default_buckets(max_batch: int) -> list[int]:
 
 
 def token_buckets(max_tokens: int) -> list[int]:
-    """16, 32, ..., 512, then steps of 256, up to and including max_tokens."""
-    sizes = {b for b in (16, 32, 64, 128, 256, 512) if b < max_tokens} | set(range(768, max_tokens, 256))
-    return sorted(sizes | {max_tokens})
+    """Steps of 16 up to 256, of 64 up to 1024, then of 256, up to and including max_tokens: padding stays
+    a small share of a prefill (whose tokens are its prompt chunks plus the decoding rows riding along)."""
+    steps = [*range(16, 256, 16), *range(256, 1024, 64), *range(1024, max_tokens, 256)]
+    return sorted({size for size in steps if size < max_tokens} | {max_tokens})
 
 
 class StepGraphs:

@@ -77,8 +77,8 @@ class EngineConfig:
     device: str = "auto"
     max_model_len: int = field(default=4096, metadata=_range(2))
     max_num_seqs: int = field(default=64, metadata=_range(1))
-    # Prompt tokens prefilled in one step: a longer prompt is prefilled in chunks over several steps, and a
-    # decoding request waits for at most one such step between two of its tokens.
+    # Prompt tokens prefilled in one step: a longer prompt is prefilled in chunks over several steps, and the
+    # decoding requests ride in those steps (a token each, not counted here), so this bounds their stall too.
     max_num_batched_tokens: int = field(default=8192, metadata=_range(1))
     block_size: int = field(default=16, metadata=_range(1))
     # None: enough for max_num_seqs full-length sequences, capped by gpu_memory_utilization.
@@ -88,8 +88,9 @@ class EngineConfig:
     cuda_graphs: bool = True
     # Padded batch sizes; None: 1, 2, 4, 8, then steps of 8 up to max_num_seqs.
     cuda_graph_buckets: list[int] | None = None
-    # Prefills of up to this many tokens (capped by max_num_batched_tokens) replay CUDA graphs too, padded to
-    # 16, 32, ..., 512, then steps of 256 tokens; longer ones run eagerly, where the GPU's time hides the host's.
+    # Prefill steps of up to this many tokens (prompt chunks and decoding rows) replay CUDA graphs too, padded to
+    # steps of 16 tokens up to 256, of 64 up to 1024, then of 256; longer ones run eagerly, where the GPU's time
+    # hides the host's.
     prefill_graph_max_tokens: int = field(default=2048, metadata=_range(1))
     # Launch each decode step before reading the one before, so the host's work overlaps the GPU's; a
     # request that stops on a token costs one discarded row in the step after.

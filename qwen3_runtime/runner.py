@@ -69,7 +69,7 @@ class ModelRunner:
         self.stats = RunnerStats()
         max_blocks = cdiv(engine.max_model_len, engine.block_size)
         self.stager = InputStager(max_rows, max_blocks, engine.block_size, self.device, self._request_row)
-        max_tokens = engine.max_num_batched_tokens
+        max_tokens = engine.max_num_batched_tokens + max_rows  # prompt chunks and the decoding rows riding along
         self.prefill_stager = PrefillStager(
             max_tokens, max_rows, max_blocks, engine.block_size, self.group_size, self.device
         )
@@ -116,8 +116,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def prefill(self, chunks: list[PrefillChunk]) -> StepInFlight:
-        """Chunks of prompts (or of a preempted request's tokens) in one pass, each attending to the KV its
-        request has in the cache; samples the next token of each request whose last chunk this is."""
+        """Chunks of prompts (or of a preempted request's tokens, or a decoding request's last token) in one pass,
+        each attending to the KV its request has in the cache; samples the next token of each request whose last
+        chunk this is."""
         rows = np.cumsum([0] + [chunk.num_tokens for chunk in chunks])  # each chunk's first row of the forward
         self.prefill_stager.stage(chunks, self.prefill_graphs.padded_size(int(rows[-1])))
         _, hidden = self.prefill_graphs.run(int(rows[-1]))

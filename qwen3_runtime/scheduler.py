@@ -1,5 +1,6 @@
 """Continuous batching with chunked prefill: admit prompts while KV blocks allow, prefill them in chunks of at
-most `max_num_batched_tokens` tokens a step, decode the running ones, preempt when blocks run out."""
+most `max_num_batched_tokens` tokens a step, the running requests decoding in the same step (each a one-token
+chunk), decode alone when no prompt is pending, preempt when blocks run out."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from qwen3_runtime.request import PENDING, Request, Status
 
 @dataclass
 class PrefillChunk:
-    """Tokens [start, end) of `req`, computed by one prefill forward; the last chunk samples the next token."""
+    """Tokens [start, end) of `req`, computed by one prefill forward; the last chunk samples the next token. A
+    decoding request rides in a prefill step as the chunk of its last token."""
 
     req: Request
     start: int
@@ -36,7 +38,6 @@ class Scheduler:
         self.prefilling: list[Request] = []  # admitted, their prompts' KV partly computed
         self.running: list[Request] = []  # decoding
         self.num_preemptions = 0
-        self._decode_turn = False  # a prefill step ran while requests were decoding
 
     def add(self, req: Request) -> None:
         self.waiting.append(req)
@@ -45,24 +46,19 @@ class Scheduler:
         return bool(self.waiting or self.prefilling or self.running)
 
     def schedule(self) -> tuple[list[PrefillChunk] | list[Request], bool]:
-        """The next batch and whether it is a prefill. Prefill first, so new requests join soon; but while
-        requests decode, a prefill step and a decode step alternate, so a decoding request waits for at most
-        one prefill chunk between two of its tokens."""
-        if self.running and self._decode_turn:
-            self._decode_turn = False
-            batch = self.decode_batch()
-            if batch:  # empty when every decoding request was preempted: the prefill goes on
-                return batch, False
+        """The next batch and whether it is a prefill. While prompts are pending, the running requests decode
+        inside the prefill step (a mixed batch, as vLLM's), so none waits for more than one step of at most
+        max_num_batched_tokens prompt tokens between two of its tokens; otherwise a decode step."""
+        if not self.prefill_due():
+            return self.decode_batch(), False
+        decoding = self.decode_batch()  # first: growing them may preempt, which frees blocks for prompts
         chunks = self._prefill_chunks()
-        if chunks:
-            self._decode_turn = bool(self.running)
-            return chunks, True
-        return self.decode_batch(), False
+        if not chunks:
+            return decoding, False
+        return [PrefillChunk(req, req.num_tokens - 1, req.num_tokens) for req in decoding] + chunks, True
 
     def prefill_due(self) -> bool:
         """Whether schedule() would prefill now."""
-        if self.running and self._decode_turn:
-            return False
         return bool(self.prefilling) or (self._has_room() and self._fits(self.waiting[0]))
 
     def finish(self, req: Request) -> None:

@@ -88,6 +88,7 @@ def main() -> None:
     parser.add_argument("--waves", type=int, default=3, help="requests per client")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a config override")
     parser.add_argument("--quick", action="store_true", help="32 tokens, one wave")
+    parser.add_argument("--paths", nargs="+", default=["device", "host"], choices=["device", "host"])
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     if args.quick:
@@ -101,7 +102,7 @@ def main() -> None:
         rows.append(row)
         (args.out / "serving.json").write_text(json.dumps(result, indent=1))
 
-    for path in ("device", "host"):
+    for path in args.paths:
         with server(args.config, path, args.set, args.out / f"server_{path}.log") as url:
             for c in args.concurrency:
                 for k in LOGPROBS:

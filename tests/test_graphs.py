@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from graphs import StepGraphs, default_buckets
+from graphs import StepGraphs, default_buckets, token_buckets
 
 
 def test_default_buckets():
@@ -9,6 +9,12 @@ def test_default_buckets():
     assert default_buckets(6) == [1, 2, 4, 6]
     assert default_buckets(64) == [1, 2, 4, 8, 16, 24, 32, 40, 48, 56, 64]
     assert default_buckets(20) == [1, 2, 4, 8, 16, 20]
+
+
+def test_token_buckets():
+    assert token_buckets(1) == [1] and token_buckets(20) == [16, 20]
+    buckets = token_buckets(1500)
+    assert buckets[:3] == [16, 32, 48] and buckets[15:18] == [256, 320, 384] and buckets[-3:] == [1024, 1280, 1500]
 
 
 def test_padding_and_eager_fallback():

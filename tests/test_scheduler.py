@@ -66,18 +66,17 @@ def test_admission_stops_at_max_num_seqs():
     assert not sched.prefill_due() and _ids(sched.waiting) == [2]
     assert _schedule(sched) == ([0, 1], False)  # the running ones decode; the third waits
     sched.finish(reqs[0])
-    assert sched.prefill_due() and _schedule(sched) == ([(2, 0, 3)], True)
+    assert sched.prefill_due() and _schedule(sched) == ([(1, 4, 5), (2, 0, 3)], True)  # 1 decodes in it
 
 
-def test_prompts_are_chunked_within_the_token_budget_and_alternate_with_decoding():
+def test_prompts_are_chunked_within_the_token_budget_and_decoding_rides_along():
     sched = _scheduler(num_blocks=100, max_num_batched_tokens=16)
     _add(sched, 10, 20, 5)
     assert _schedule(sched) == ([(0, 0, 10), (1, 0, 6)], True)  # the second prompt's first chunk fills the step
     assert _ids(sched.prefilling) == [1] and _ids(sched.running) == [0]
-    assert _schedule(sched) == ([0], False)  # a prefill step, then a decode step, while requests decode
-    assert _schedule(sched) == ([(1, 6, 20), (2, 0, 2)], True)  # the chunked one first, then the queue
-    assert _schedule(sched) == ([0, 1], False)
-    assert _schedule(sched) == ([(2, 2, 5)], True)
+    # The decoding request's last token leads the step, outside the budget; the chunked prompt, then the queue.
+    assert _schedule(sched) == ([(0, 10, 11), (1, 6, 20), (2, 0, 2)], True)
+    assert _schedule(sched) == ([(0, 11, 12), (1, 20, 21), (2, 2, 5)], True)
     assert _schedule(sched) == ([0, 1, 2], False) and _schedule(sched) == ([0, 1, 2], False)  # nothing to prefill
 
 
@@ -132,9 +131,8 @@ def test_a_cached_prefix_is_reused_but_not_by_requests_asking_for_prompt_logprob
     hit, logprobs, whole = _request(1, 12), _request(2, 12, prompt_logprobs=1), _request(3, 8)
     for req in (hit, logprobs, whole):
         sched.add(req)
-    assert _schedule(sched) == ([0], False)  # decode turn
     # The hit starts after the 8 cached tokens; a fully cached prompt still computes its last block.
-    assert _schedule(sched) == ([(1, 8, 12), (2, 0, 12), (3, 4, 8)], True)
+    assert _schedule(sched) == ([(0, 10, 11), (1, 8, 12), (2, 0, 12), (3, 4, 8)], True)
     assert hit.block_table[:2] == first.block_table[:2] == whole.block_table[:1] + [first.block_table[1]]
     assert logprobs.block_table[0] not in first.block_table
     assert sched.blocks.stats().hit_tokens == 8 + 4
@@ -198,29 +196,41 @@ def _check_step(sched: Scheduler) -> None:
     computed = {req.request_id: req.num_computed_tokens for req in sched.prefilling}
     batch, is_prefill = sched.schedule()
     assert bool(batch) == bool(prefilling or running or waiting)  # something always runs: any one request fits
+    decoded, chunks = (batch, []) if not is_prefill else _split_mixed(batch)
+    # Every running request, but the newest ones preempted (queued first, in their order, unless readmitted).
+    kept = len(decoded)
+    assert _ids(decoded) == running[:kept] and all(req in sched.running for req in decoded)
+    for req in decoded:  # blocks for every token the step writes, no more
+        assert len(req.block_table) == cdiv(req.num_tokens, sched.blocks.block_size)
     if is_prefill:
-        assert sum(c.num_tokens for c in batch) <= sched.cfg.max_num_batched_tokens
-        ids = [c.req.request_id for c in batch]
-        assert ids == (prefilling + waiting)[: len(ids)]  # the chunked ones go on first, then the queue
-        for chunk in batch:
+        assert chunks and sum(c.num_tokens for c in chunks) <= sched.cfg.max_num_batched_tokens
+        ids = [c.req.request_id for c in chunks]
+        assert ids == (prefilling + running[kept:] + waiting)[: len(ids)]  # chunked ones first, then the queue
+        for chunk in chunks:
             assert isinstance(chunk, PrefillChunk) and 0 <= chunk.start < chunk.end <= chunk.req.num_tokens
             # Where it left off; a new one after its cached prefix (whole blocks).
             expected = computed.get(chunk.req.request_id, chunk.start - chunk.start % sched.blocks.block_size)
             assert chunk.start == expected
-            assert chunk.req.num_computed_tokens == chunk.end
             assert (chunk.req in sched.running) == chunk.is_last
             assert len(chunk.req.block_table) == cdiv(chunk.req.num_tokens, sched.blocks.block_size)
-    else:  # every running request, but the newest ones preempted: queued first, in their order
-        kept = len(sched.running)
-        assert _ids(batch) == running[:kept] == _ids(sched.running)
-        assert _ids(sched.waiting) == running[kept:] + waiting
-        for req in batch:  # blocks for every token the step writes, no more
-            assert len(req.block_table) == cdiv(req.num_tokens, sched.blocks.block_size)
+        assert _ids(sched.waiting) == [i for i in running[kept:] + waiting if i not in ids]
+    else:
+        assert _ids(sched.running) == running[:kept] and _ids(sched.waiting) == running[kept:] + waiting
     assert len(sched.running) + len(sched.prefilling) <= sched.cfg.max_num_seqs
     _step(batch, is_prefill)
     for req in sched.running:
         if req.num_tokens >= sched.cfg.max_model_len:
             sched.finish(req)
+
+
+def _split_mixed(batch: list[PrefillChunk]) -> tuple[list[Request], list[PrefillChunk]]:
+    """A prefill step's decoding requests (the leading one-token chunks of running requests) and its prompt
+    chunks (each marks its tokens computed; a decoding request's mark is older than its last token)."""
+    riding = [c.req.num_computed_tokens != c.end for c in batch]
+    kept = riding.index(False) if False in riding else len(batch)
+    assert not any(riding[kept:])
+    assert all((c.start, c.end) == (c.req.num_tokens - 1, c.req.num_tokens) and c.is_last for c in batch[:kept])
+    return [c.req for c in batch[:kept]], batch[kept:]
 
 
 def _check_state(sched: Scheduler, reqs: list[Request]) -> None:
