@@ -116,12 +116,14 @@ class Runtime:
         """Schedule, run, process: one prefill or decode batch; returns the requests that finished.
 
         With async scheduling a decode step stays in flight: the next call launches the step after it
-        (whose input tokens the device reads from the step in flight) before processing it."""
+        (whose input tokens the device reads from the step in flight) before processing it, or, when a prefill
+        is due, only processes it."""
         previous, self._in_flight = self._in_flight, None
         finished, self._aborted = self._aborted, []
-        if previous is not None and self.scheduler.prefill_due():  # a prefill runs when nothing is in flight
-            finished += self._process(previous)
-            previous = None
+        if previous is not None and self.scheduler.prefill_due():
+            # A prefill runs when nothing is in flight, in the next call: the tokens of the step in flight go out
+            # now, not a prefill step later.
+            return finished + self._process(previous)
         reqs, is_prefill = self._schedule(previous)
         launched = None
         if reqs:
