@@ -2,6 +2,7 @@
 # GPU tests and benchmarks, run on the H200 through the device tool; results land under $OUT.
 #   [QUICK=1] bash scripts/gpu_check.sh [tests] [repeat] [parity] [profile] [timeline] [decode] [kernels]
 #                                      [reduce] [lm_head] [logprobs] [sampling] [prefill] [prefill_e2e]
+#                                      [serving] [soak]   (serving and soak need the server's wheels)
 #   (default: all; QUICK=1: decode and logprobs with fewer tokens and repetitions, a few minutes)
 # Pass GIT_COMMIT=<sha> (the device machine has no .git) so results name their commit.
 set -uo pipefail
@@ -9,7 +10,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps carried wheels (/tmp/site) visible
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-if [ -n "${QUICK:-}" ]; then default="decode logprobs"; else default="tests repeat parity profile timeline decode kernels reduce lm_head logprobs sampling prefill prefill_e2e"; fi
+if [ -n "${QUICK:-}" ]; then default="decode logprobs"; else default="tests repeat parity profile timeline decode kernels reduce lm_head logprobs sampling prefill prefill_e2e serving soak"; fi
 steps=${*:-$default}
 status=0
 run() { echo "== $*"; "$@" || { status=1; echo "!! failed: $*"; }; }
@@ -30,6 +31,9 @@ for step in $steps; do
     sampling) run python3 -m scripts.sampling_check --out "$OUT" ;;
     prefill) run python3 -m scripts.bench_prefill_attention --out "$OUT" ;;
     prefill_e2e) run python3 -m scripts.bench_prefill --config qwen3-4b ${QUICK:+--quick} --out "$OUT" ;;
+    serving) run python3 -m scripts.bench_serving --config qwen3-4b ${QUICK:+--quick} --out "$OUT/serving" ;;
+    soak) run python3 -m scripts.soak --serve "$OUT/soak_server.log" --config qwen3-4b --requests 10000 \
+            --concurrency 64 --replay-group 32 --out "$OUT/soak.json" ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

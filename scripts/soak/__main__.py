@@ -10,7 +10,8 @@ checks, printed as figures (exit status 1 if any fails):
 
 Usage: python -m scripts.soak --url http://127.0.0.1:8000 --config tiny --set engine.num_kv_blocks=48 \\
            --requests 300 --concurrency 16 --out soak.json
-`--config` / `--set` must be the server's, for the offline replay."""
+`--config` / `--set` must be the server's, for the offline replay; with `--serve LOG` the soak starts that server
+itself (on a free loopback port, its output to LOG) and stops it at the end."""
 
 from __future__ import annotations
 
@@ -19,11 +20,13 @@ import asyncio
 import json
 import sys
 import time
+from pathlib import Path
 
 import httpx
 
 from qwen3_runtime.cli import parse_override
 from qwen3_runtime.config import load_config
+from scripts.bench_serving import server
 from scripts.soak.client import Result, send
 from scripts.soak.replay import replay
 from scripts.soak.report import Checks, leak_checks, read_metrics, summarize, wait_idle
@@ -33,6 +36,7 @@ from scripts.soak.workload import Limits, Workload
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m scripts.soak", description=__doc__.split("\n")[0])
     p.add_argument("--url", default="http://127.0.0.1:8000", help="the server (loopback only)")
+    p.add_argument("--serve", type=Path, default=None, metavar="LOG", help="start the server (--config, --set)")
     p.add_argument("--api-key", default=None)
     p.add_argument("--config", default="tiny", help="the server's config, for the replay")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="the server's overrides")
@@ -115,7 +119,11 @@ def model_limits(args: argparse.Namespace) -> Limits:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    results, wall, before, after = asyncio.run(soak(args))
+    if args.serve is not None:
+        with server(args.config, "device", args.set, args.serve) as args.url:
+            results, wall, before, after = asyncio.run(soak(args))
+    else:
+        results, wall, before, after = asyncio.run(soak(args))
     t = time.perf_counter()
     comparer = replay(results, args.config, overrides(args), args.tol, args.replay_group, args.replay_max)
     replay_s = time.perf_counter() - t
