@@ -4,6 +4,7 @@ they are submitted (check_request)."""
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from qwen3_runtime.sampler import GREEDY_BELOW
@@ -16,6 +17,11 @@ from qwen3_runtime.validation import (
     check_token_ids,
     show,
 )
+
+# A bound for repetition_penalty (vLLM sets none): past it a seen token's logit is all but erased anyway.
+MAX_REPETITION_PENALTY = 10.0
+# The most ids min_tokens suppresses per request (stop ids and EOS ids): the width of the runner's table.
+MAX_STOP_IDS = 32
 
 
 @dataclass
@@ -42,6 +48,15 @@ class SamplingParams:
     # raw: logprobs of the model's distribution; processed: of the one sampled from (after
     # temperature, top-k, top-p). None: the config's logprobs.mode.
     logprobs_mode: str | None = None
+    # OpenAI's penalties over the output's tokens: logit -= frequency_penalty * count + presence_penalty * seen.
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    # Over the prompt's and the output's tokens: a positive logit divided by it, a negative one multiplied.
+    repetition_penalty: float = 1.0
+    # Stop ids (and EOS, unless ignore_eos) cannot be sampled before this many tokens.
+    min_tokens: int = 0
+    # Random rows keep the tokens with at least min_p times the most likely token's probability.
+    min_p: float = 0.0
 
     def __post_init__(self) -> None:
         """Check every field and normalise NumPy numbers to Python ones. Runs again at submission
@@ -60,11 +75,37 @@ class SamplingParams:
             self.prompt_logprobs = check_int("prompt_logprobs", self.prompt_logprobs, lo=-1)
         if self.logprobs_mode is not None:
             check_choice("logprobs_mode", self.logprobs_mode, ("raw", "processed"))
+        self.presence_penalty = check_float("presence_penalty", self.presence_penalty, lo=-2, hi=2)
+        self.frequency_penalty = check_float("frequency_penalty", self.frequency_penalty, lo=-2, hi=2)
+        self.repetition_penalty = check_float(
+            "repetition_penalty", self.repetition_penalty, lo=0, hi=MAX_REPETITION_PENALTY, lo_open=True
+        )
+        self.min_tokens = check_int(
+            "min_tokens", self.min_tokens, lo=0, hi=self.max_tokens, note=f"max_tokens={self.max_tokens}"
+        )
+        self.min_p = check_float("min_p", self.min_p, lo=0, hi=1)
 
     @property
     def greedy(self) -> bool:
         """Whether the argmax is taken (the sampler's rule: temperature below GREEDY_BELOW, as vLLM's)."""
         return self.temperature < GREEDY_BELOW
+
+    @property
+    def penalized(self) -> bool:
+        """Whether the logits are penalized before sampling (the request then holds a penalty slot)."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+            or self.min_tokens > 0
+        )
+
+    def min_tokens_stop_ids(self, eos_token_ids: Iterable[int]) -> list[int]:
+        """The ids suppressed while fewer than min_tokens tokens are out: the stop ids, and the model's EOS ids
+        unless ignored."""
+        if self.min_tokens == 0:
+            return []
+        return sorted(set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos_token_ids)))
 
 
 @dataclass(frozen=True)
@@ -75,6 +116,8 @@ class RequestLimits:
     max_model_len: int
     # logprobs.max_logprobs: -1 allows the whole vocabulary.
     max_logprobs: int
+    # The model's EOS ids, which min_tokens suppresses too.
+    eos_token_ids: tuple[int, ...] = ()
 
 
 def check_request(prompt: object, params: object, limits: RequestLimits) -> tuple[list[int], SamplingParams]:
@@ -94,6 +137,12 @@ def check_request(prompt: object, params: object, limits: RequestLimits) -> tupl
             f"prompt has {len(prompt)} tokens: it must be at most engine.max_model_len={limits.max_model_len}"
         )
     check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
+    suppressed = params.min_tokens_stop_ids(limits.eos_token_ids)
+    if len(suppressed) > MAX_STOP_IDS:
+        raise ValueError(
+            f"min_tokens={params.min_tokens} suppresses {len(suppressed)} stop and EOS token ids: at most "
+            f"{MAX_STOP_IDS} are supported (fewer stop_token_ids, or ignore_eos)"
+        )
     if params.top_k >= vocab:  # keeps every token, as -1 does; and fits the step's int64 table however large
         params.top_k = -1
     for name in ("logprobs", "prompt_logprobs"):

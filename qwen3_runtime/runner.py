@@ -1,7 +1,7 @@
 """Runs the model for a scheduled batch and returns host results with one compact copy per step.
 
 Decode: stage the rows into static buffers, replay the bucket's CUDA graph (model -> lm_head ->
-sampling -> logprobs reduction -> packing), copy the packed rows out; `collect` waits once. With async
+penalties -> sampling -> logprobs reduction -> packing), copy the packed rows out; `collect` waits once. With async
 scheduling the next step is launched before that wait, its input ids read on the device from the step
 in flight. Prefill: a forward over chunks of prompts (each attending to its request's cached KV), replayed
 from the CUDA graph of its token bucket, then (eagerly) prompt logprobs of the positions computed and the same
@@ -26,6 +26,7 @@ from qwen3_runtime.ops import cdiv, num_sms
 from qwen3_runtime.ops.decode_attention import default_num_splits
 from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.packing import pack, packed_width
+from qwen3_runtime.penalty_slots import PenaltySlots
 from qwen3_runtime.prefill_inputs import PrefillStager
 from qwen3_runtime.request import Request
 from qwen3_runtime.sampler import processed_logits, sample
@@ -35,6 +36,7 @@ from qwen3_runtime.step_inputs import InputStager, RequestRow
 from qwen3_runtime.step_output import StepOutputs
 
 # Graph variants: greedy batches draw no noise; only batches with a random row asking for top-k or top-p sort.
+# Each comes penalized or not: only batches with a penalized row take the penalties' pass over the logits.
 GREEDY, RANDOM, FILTERED = "greedy", "random", "filtered"
 
 
@@ -83,7 +85,13 @@ class ModelRunner:
         self.split_arrivals = torch.zeros(
             max_rows, model.config.num_key_value_heads, dtype=torch.int32, device=self.device
         )
-        variants = [(variant, buffer) for variant in (GREEDY, RANDOM, FILTERED) for buffer in (0, 1)]
+        self.penalties = PenaltySlots.allocate(max_rows, vocab, model.config.eos_token_ids, self.device)
+        variants = [
+            (variant, penalized, buffer)
+            for variant in (GREEDY, RANDOM, FILTERED)
+            for penalized in (False, True)
+            for buffer in (0, 1)
+        ]
         buckets = engine.cuda_graph_buckets or default_buckets(max_rows)
         self.graphs = StepGraphs(self._decode_step, buckets, variants=variants)
         self.prefill_graphs = StepGraphs(
@@ -110,7 +118,7 @@ class ModelRunner:
         padded_rows = self.graphs.padded_size(len(reqs))
         self.stager.stage(reqs, padded_rows, [previous_rows.get(req.request_id, -1) for req in reqs])
         buffer = self.outputs.next_buffer()
-        _, lp_logits = self.graphs.run(len(reqs), (_variant(reqs), buffer))
+        _, lp_logits = self.graphs.run(len(reqs), (_variant(reqs), _penalized(reqs), buffer))
         self.stats.decode_steps += 1
         return self._copy_out(reqs, buffer, lp_logits)
 
@@ -128,11 +136,16 @@ class ModelRunner:
         reqs = [req for req, _ in last]
         buffer, lp_logits = self.outputs.next_buffer(), None
         if reqs:
+            self.penalties.acquire(reqs)  # before staging: the slot is a request constant
             self.stager.stage(reqs, len(reqs))
             logits = self.model.compute_logits(hidden[self._tensor([row for _, row in last])])
-            lp_logits = self._sample_and_reduce(logits, len(reqs), _variant(reqs), buffer)
+            lp_logits = self._sample_and_reduce(logits, len(reqs), _variant(reqs), _penalized(reqs), buffer)
         self.stats.prefill_steps += 1
         return self._copy_out(reqs, buffer, lp_logits, prompt_spans)
+
+    def release(self, req: Request) -> None:
+        """req has ended: its penalty slot, if it holds one, is free."""
+        self.penalties.release(req.request_id)
 
     def collect(self, step: StepInFlight) -> list[RowResult]:
         """Wait for a launched step's copy and turn its rows into results."""
@@ -158,10 +171,10 @@ class ModelRunner:
         meta = AttentionMetadata(slot_mapping=slots, prefill=self.prefill_stager.plan(padded_tokens))
         return self.model(input_ids, positions, self.kv_cache, meta)
 
-    def _decode_step(self, padded_rows: int, key: tuple[str, int]) -> torch.Tensor:
-        """The captured step, one per (variant, buffer): reads only static inputs, writes its results into
-        `self.outputs.packed[buffer]`."""
-        variant, buffer = key
+    def _decode_step(self, padded_rows: int, key: tuple[str, bool, int]) -> torch.Tensor:
+        """The captured step, one per (variant, penalized, buffer): reads only static inputs (and the penalties'
+        state), writes its results into `self.outputs.packed[buffer]`."""
+        variant, penalized, buffer = key
         inp, rows = self.stager.inputs, slice(padded_rows)
         kv_heads = self.model.config.num_key_value_heads
         meta = AttentionMetadata(
@@ -174,26 +187,35 @@ class ModelRunner:
         # With async scheduling, rows fed by the step in flight read its sampled token (column 0).
         fed_from = (inp.prev_row[rows], self.outputs.packed[buffer ^ 1, :, 0]) if self.async_scheduling else None
         hidden = self.model(inp.input_ids[rows], inp.positions[rows], self.kv_cache, meta, fed_from)
-        return self._sample_and_reduce(self.model.compute_logits(hidden), padded_rows, variant, buffer)
+        return self._sample_and_reduce(self.model.compute_logits(hidden), padded_rows, variant, penalized, buffer)
 
-    def _sample_and_reduce(self, logits: torch.Tensor, rows: int, variant: str, buffer: int) -> torch.Tensor:
-        """Sample, reduce the rows that asked for logprobs, pack it all into the buffer's first `rows`.
-        Returns the logits the logprobs are taken from (raw, or processed per row)."""
+    def _sample_and_reduce(
+        self, logits: torch.Tensor, rows: int, variant: str, penalized: bool, buffer: int
+    ) -> torch.Tensor:
+        """Penalize, sample, reduce the rows that asked for logprobs, pack it all into the buffer's first `rows`,
+        count the penalized rows' tokens. Returns the logits the logprobs are taken from (raw, or processed per
+        row: what was sampled from, penalties included)."""
         inp = self.stager.inputs
+        penalized_logits = self.penalties.apply(logits, inp, rows) if penalized else logits
         if variant == GREEDY:
-            peak, tokens = greedy_max(logits)  # ties: the lower token id
-            lp_logits = logits
+            peak, tokens = greedy_max(penalized_logits)  # ties: the lower token id
+            processed = penalized_logits
         else:
             params = inp.sampling(rows)
-            peak = logits.amax(dim=-1)
-            processed = processed_logits(logits, params, peak, filtered=variant == FILTERED)
+            peak = penalized_logits.amax(dim=-1)
+            processed = processed_logits(penalized_logits, params, peak, filtered=variant == FILTERED)
             tokens = sample(processed, params)
+        if processed is logits:  # greedy without penalties: raw and processed are the same
+            lp_logits = logits
+        else:
             lp_logits = torch.where(inp.processed[:rows, None] != 0, processed, logits)
         out = self.logprobs.head(rows)
         reduce_logprobs(
             lp_logits, tokens, inp.num_top[:rows], self.routing.k_max, row_mask=inp.wants_logprobs[:rows], out=out
         )
         pack(tokens, out, self.outputs.packed[buffer, :rows], peak)
+        if penalized:
+            self.penalties.count(tokens, inp.penalty_slot[:rows])
         return lp_logits
 
     def _copy_out(
@@ -211,11 +233,16 @@ class ModelRunner:
         p = req.params
         device_k = None if p.logprobs is None or self.routing.on_host(p.logprobs) else p.logprobs
         processed = (p.logprobs_mode or self.logprobs_mode) == "processed"
-        ints = (p.top_k, req.seed, device_k or 0, device_k is not None, processed)
-        return RequestRow(ints, (p.temperature, p.top_p))
+        ints = (p.top_k, req.seed, device_k or 0, device_k is not None, processed, self.penalties.slot(req))
+        floats = (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
+        return RequestRow(ints, floats)
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(self.device, non_blocking=True)
+
+
+def _penalized(reqs: list[Request]) -> bool:
+    return any(req.params.penalized for req in reqs)
 
 
 def _variant(reqs: list[Request]) -> str:

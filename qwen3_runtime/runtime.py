@@ -180,6 +180,7 @@ class Runtime:
         del req.output[slot + (not req.error) :]
         req.finish_reason, req.finished_time = reason, now
         self.scheduler.finish(req)
+        self.runner.release(req)
         del self._live[req.request_id]
         return req.to_output()
 
@@ -235,5 +236,6 @@ class Runtime:
 
     def _validate(self, prompt: object, params: object) -> tuple[list[int], SamplingParams]:
         """The prompt as ints and a checked copy of the params; ValueError names what is wrong."""
-        limits = RequestLimits(self.vocab_size, self.config.engine.max_model_len, self.config.logprobs.max_logprobs)
+        engine, max_logprobs = self.config.engine, self.config.logprobs.max_logprobs
+        limits = RequestLimits(self.vocab_size, engine.max_model_len, max_logprobs, tuple(self.eos_token_ids))
         return check_request(prompt, params, limits)

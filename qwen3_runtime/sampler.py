@@ -1,4 +1,4 @@
-"""Token sampling on the device: greedy, or seeded temperature / top-k / top-p.
+"""Token sampling on the device: greedy, or seeded temperature / min-p / top-k / top-p.
 
 Random rows use the Gumbel-max trick with noise that is a pure function of
 (request seed, position of the new token, token id): a request's tokens do not
@@ -30,6 +30,7 @@ class SamplingTensors:
     top_p: torch.Tensor  # f32, >= 1 = off
     seed: torch.Tensor  # int64
     position: torch.Tensor  # int64, position of the token being sampled
+    min_p: torch.Tensor  # f32, 0 = off
 
 
 def random_rows(params: SamplingTensors) -> torch.Tensor:
@@ -40,15 +41,19 @@ def random_rows(params: SamplingTensors) -> torch.Tensor:
 def processed_logits(
     logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor | None = None, filtered: bool = True
 ) -> torch.Tensor:
-    """What random rows sample from: logits / temperature, -inf outside top-k and top-p.
-    Greedy rows (temperature < GREEDY_BELOW) keep their raw logits. A row whose largest logit (`peak` [B],
+    """What random rows sample from: logits / temperature, -inf below min-p and outside top-k and top-p (vLLM's
+    order). Greedy rows (temperature < GREEDY_BELOW) keep their logits. A row whose largest logit (`peak` [B],
     when the caller has it) would overflow when scaled is shifted by it first (the same distribution, but
     finite). filtered=False, from a caller that knows no random row asks for top-k or top-p, skips the
-    full-vocabulary sort, which would change nothing."""
+    full-vocabulary sort, which would change nothing; min-p needs no sort and applies either way."""
     temperature = params.temperature.clamp_min(GREEDY_BELOW)[:, None]
     peak = (logits.amax(dim=-1) if peak is None else peak)[:, None]
-    overflows = peak.isfinite() & ~(peak / temperature).isfinite()
-    scaled = (logits - torch.where(overflows, peak, 0.0)) / temperature
+    shift = torch.where(peak.isfinite() & ~(peak / temperature).isfinite(), peak, 0.0)
+    scaled = (logits - shift) / temperature
+    # Scaling is monotonic, so the scaled row's largest value is the scaled peak: min-p needs no second reduction.
+    # A probability below min_p times the largest one is a scaled logit below the largest plus log(min_p).
+    floor = (peak - shift) / temperature + params.min_p.log()[:, None]
+    scaled = scaled.masked_fill(scaled < floor, float("-inf"))
     if filtered:
         scaled = _top_k_top_p(scaled, params.top_k, params.top_p)
     return torch.where(random_rows(params)[:, None], scaled, logits)

@@ -19,14 +19,16 @@ from qwen3_runtime.sampler import SamplingTensors
 
 # Rows of the int64 table, one entry per batch row each: what changes every step, then what is
 # fixed for a request's lifetime (staged from a RequestRow when a request takes the row).
-STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens", "prev_row")
-REQUEST_INT_FIELDS = ("top_k", "seed", "num_top", "wants_logprobs", "processed")
+STEP_FIELDS = ("input_ids", "positions", "slot_mapping", "seq_lens", "prev_row", "suppress_stop")
+REQUEST_INT_FIELDS = ("top_k", "seed", "num_top", "wants_logprobs", "processed", "penalty_slot")
 INT_FIELDS = STEP_FIELDS + REQUEST_INT_FIELDS
-FLOAT_FIELDS = ("temperature", "top_p")
+FLOAT_FIELDS = ("temperature", "top_p", "min_p", "presence", "frequency", "repetition")
 # A padded row: token 0 at position 0, no cache slot (-1: the KV store skips it), no context, greedy,
-# no logprobs.
-PADDING = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "seq_lens": 0, "prev_row": -1, "top_k": -1, "seed": 0,
-           "num_top": 0, "wants_logprobs": 0, "processed": 0, "temperature": 0.0, "top_p": 1.0}  # fmt: skip
+# no logprobs, no penalties.
+PADDING = {"input_ids": 0, "positions": 0, "slot_mapping": -1, "seq_lens": 0, "prev_row": -1, "suppress_stop": 0,
+           "top_k": -1, "seed": 0, "num_top": 0, "wants_logprobs": 0, "processed": 0, "penalty_slot": -1,
+           "temperature": 0.0, "top_p": 1.0, "min_p": 0.0, "presence": 0.0, "frequency": 0.0,
+           "repetition": 1.0}  # fmt: skip
 INT_PADDING = np.array([PADDING[f] for f in INT_FIELDS], dtype=np.int64)[:, None]
 FLOAT_PADDING = np.array([PADDING[f] for f in FLOAT_FIELDS], dtype=np.float32)[:, None]
 
@@ -50,14 +52,20 @@ class StepInputs:
     slot_mapping: torch.Tensor  # its cache slot; -1: padding, not stored
     seq_lens: torch.Tensor  # tokens attended to, the input included; 0: padding
     prev_row: torch.Tensor  # row of the step in flight whose sampled token is the input; -1: input_ids holds it
+    suppress_stop: torch.Tensor  # 1: fewer than min_tokens tokens out, so the stop ids cannot be sampled
     top_k: torch.Tensor
     seed: torch.Tensor
     num_top: torch.Tensor  # top logprobs asked for
     wants_logprobs: torch.Tensor  # 1: the row is reduced (device-path logprobs)
     processed: torch.Tensor  # 1: logprobs of the processed distribution, 0: raw
+    penalty_slot: torch.Tensor  # the request's row of the penalty state (penalty_slots.py); -1: not penalized
     # Rows of `floats`:
     temperature: torch.Tensor
     top_p: torch.Tensor
+    min_p: torch.Tensor
+    presence: torch.Tensor
+    frequency: torch.Tensor
+    repetition: torch.Tensor
 
     @classmethod
     def allocate(cls, max_rows: int, max_blocks: int, device: torch.device, pin: bool = False) -> StepInputs:
@@ -85,13 +93,14 @@ class StepInputs:
         slot_mapping: list[int],
         seq_lens: list[int],
         prev_rows: list[int],
+        suppress_stop: list[bool],
         requests: dict[int, RequestRow],
     ) -> None:
         """Set the first `num_rows` entries (host side, whole NumPy rows at a time: per-element work is what
         costs here) and the constants of the rows in `requests` (those that changed hands: the others keep
         theirs), and make rows [num_rows, padded_rows) padding so stale rows never write the cache."""
         ints, floats = self.ints.numpy(), self.floats.numpy()
-        ints[: len(STEP_FIELDS), :num_rows] = (input_ids, positions, slot_mapping, seq_lens, prev_rows)
+        ints[: len(STEP_FIELDS), :num_rows] = (input_ids, positions, slot_mapping, seq_lens, prev_rows, suppress_stop)
         for row, request in requests.items():
             ints[len(STEP_FIELDS) :, row] = request.ints
             floats[:, row] = request.floats
@@ -106,7 +115,12 @@ class StepInputs:
     def sampling(self, rows: int) -> SamplingTensors:
         # The sampled token sits one position past the input token.
         return SamplingTensors(
-            self.temperature[:rows], self.top_k[:rows], self.top_p[:rows], self.seed[:rows], self.positions[:rows] + 1
+            self.temperature[:rows],
+            self.top_k[:rows],
+            self.top_p[:rows],
+            self.seed[:rows],
+            self.positions[:rows] + 1,
+            self.min_p[:rows],
         )
 
 
@@ -149,6 +163,8 @@ class InputStager:
             slot_mapping=[cache_slot(req.block_table, p, self.block_size) for req, p in zip(reqs, positions)],
             seq_lens=[p + 1 for p in positions],
             prev_rows=prev_rows or [-1] * len(reqs),
+            # Output slots of steps in flight count: their tokens are being produced.
+            suppress_stop=[len(req.output) < req.params.min_tokens for req in reqs],
             requests=changed,
         )
         self._row_requests[:padded_rows] = [req.request_id for req in reqs] + [None] * (padded_rows - len(reqs))

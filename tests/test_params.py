@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 import torch
@@ -29,6 +31,17 @@ def test_defaults_follow_vllm():
         ({"stop_token_ids": [1, -5]}, ["stop_token_ids[1]=-5"]),
         ({"ignore_eos": 1}, ["ignore_eos=1"]),
         ({"logprobs_mode": "softmax"}, ["logprobs_mode='softmax'", "raw, processed"]),
+        ({"presence_penalty": 2.5}, ["presence_penalty=2.5", "[-2, 2]"]),
+        ({"presence_penalty": "1"}, ["presence_penalty='1'", "a number"]),
+        ({"frequency_penalty": -2.01}, ["frequency_penalty=-2.01", "[-2, 2]"]),
+        ({"frequency_penalty": float("inf")}, ["frequency_penalty=inf", "finite"]),
+        ({"repetition_penalty": 0.0}, ["repetition_penalty=0.0", "(0, 10.0]"]),
+        ({"repetition_penalty": 11}, ["repetition_penalty=11.0", "(0, 10.0]"]),
+        ({"min_tokens": -1}, ["min_tokens=-1", "[0, 16]"]),
+        ({"min_tokens": 17}, ["min_tokens=17", "[0, 16]", "max_tokens=16"]),
+        ({"min_tokens": 2.0}, ["min_tokens=2.0", "integer"]),
+        ({"min_p": 1.5}, ["min_p=1.5", "[0, 1]"]),
+        ({"min_p": -0.1}, ["min_p=-0.1", "[0, 1]"]),
     ],
 )
 def test_bad_values_name_the_field(kwargs, words):
@@ -142,6 +155,29 @@ def test_submission_checks_the_model_limits_and_returns_a_checked_copy():
     assert params == SamplingParams(max_tokens=5, stop_token_ids=[3]) and type(params.max_tokens) is int
     mine.stop_token_ids.append(4)  # later changes to the caller's object do not reach the request
     assert params is not mine and params.stop_token_ids == [3]
+
+
+def test_penalized_and_its_defaults():
+    p = SamplingParams()
+    assert (p.presence_penalty, p.frequency_penalty, p.repetition_penalty, p.min_tokens, p.min_p) == (0, 0, 1, 0, 0)
+    assert not p.penalized and not SamplingParams(min_p=0.5).penalized
+    for field in ({"presence_penalty": -0.5}, {"frequency_penalty": 0.1}, {"repetition_penalty": 0.9}):
+        assert SamplingParams(**field).penalized
+    assert SamplingParams(min_tokens=1).penalized and SamplingParams(min_tokens=16, max_tokens=16).min_tokens == 16
+
+
+def test_min_tokens_suppresses_stop_and_eos_ids_up_to_a_limit():
+    limits = RequestLimits(vocab_size=512, max_model_len=64, max_logprobs=20, eos_token_ids=(7, 9))
+    params = SamplingParams(min_tokens=2, stop_token_ids=[3, 7])
+    assert params.min_tokens_stop_ids(limits.eos_token_ids) == [3, 7, 9]
+    assert SamplingParams(min_tokens=2, stop_token_ids=[3], ignore_eos=True).min_tokens_stop_ids((7,)) == [3]
+    assert SamplingParams(stop_token_ids=[3]).min_tokens_stop_ids((7,)) == []  # no min_tokens: nothing to suppress
+    check_request([1], SamplingParams(min_tokens=2, stop_token_ids=list(range(100, 130))), limits)  # 32: the limit
+    too_many = SamplingParams(min_tokens=2, stop_token_ids=list(range(100, 131)))
+    with pytest.raises(ValueError, match=r"^min_tokens=2 suppresses 33 stop and EOS token ids: at most 32"):
+        check_request([1], too_many, limits)
+    check_request([1], replace(too_many, ignore_eos=True), limits)
+    check_request([1], replace(too_many, min_tokens=0), limits)
 
 
 def test_top_k_at_or_above_the_vocabulary_is_off():

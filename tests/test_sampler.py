@@ -22,7 +22,7 @@ def _reference(monkeypatch):
     monkeypatch.setattr(ops, "TRITON_INTERPRET", False)
 
 
-def _params(n, temperature=1.0, top_k=-1, top_p=1.0, seed=0):
+def _params(n, temperature=1.0, top_k=-1, top_p=1.0, seed=0, min_p=0.0):
     full = lambda v, dtype: torch.full((n,), v, dtype=dtype)
     return SamplingTensors(
         full(temperature, torch.float32),
@@ -30,6 +30,7 @@ def _params(n, temperature=1.0, top_k=-1, top_p=1.0, seed=0):
         full(top_p, torch.float32),
         torch.arange(n, dtype=torch.int64) + seed,
         torch.full((n,), 5, dtype=torch.int64),
+        full(min_p, torch.float32),
     )
 
 
@@ -102,6 +103,7 @@ def _rows(seeds, positions, temperature, top_k, top_p):
         torch.full((n,), top_p, dtype=torch.float32),
         torch.as_tensor(seeds, dtype=torch.int64),
         torch.as_tensor(positions, dtype=torch.int64),
+        torch.zeros(n),
     )
 
 
@@ -225,3 +227,38 @@ def test_extreme_logits_stay_finite_and_in_support():
     logprobs = processed.log_softmax(-1).gather(-1, tokens[:, None])
     assert torch.isfinite(logprobs).all()
     assert torch.isfinite(processed[4]).nonzero().flatten().tolist() == list(range(20))  # ties: lower ids
+
+
+def _min_p_reference(logits: torch.Tensor, temperature: float, min_p: float) -> torch.Tensor:
+    """vLLM's MinPLogitsProcessor on temperature-scaled logits, in float64: -inf where a token's probability is
+    below min_p times the row's largest."""
+    scaled = logits.double() / temperature
+    probs = scaled.softmax(-1)
+    return scaled.masked_fill(probs < min_p * probs.amax(-1, keepdim=True), float("-inf"))
+
+
+@pytest.mark.parametrize("filtered", [False, True])
+def test_min_p_keeps_what_vllm_keeps(filtered):
+    logits = torch.randn(6, 1000, generator=torch.Generator().manual_seed(5)) * 3
+    for temperature, min_p in ((1.0, 0.05), (0.5, 0.2), (2.0, 0.01), (0.7, 1.0), (1.3, 0.0)):
+        params = _params(6, temperature=temperature, min_p=min_p)
+        processed = processed_logits(logits, params, filtered=filtered)
+        ref = _min_p_reference(logits, temperature, min_p)
+        assert torch.equal(processed.isinf(), ref.isinf()), (temperature, min_p)
+        kept = processed.isfinite()
+        torch.testing.assert_close(processed[kept].double(), ref[kept])
+        if min_p == 1.0:  # only the most likely token survives
+            assert kept.sum(-1).tolist() == [1] * 6
+        if min_p == 0.0:
+            assert kept.all()
+
+
+def test_min_p_composes_with_top_k_and_spares_greedy_rows():
+    logits = torch.randn(2, 500, generator=torch.Generator().manual_seed(6)) * 4
+    params = _params(2, temperature=0.8, top_k=3, min_p=0.3)
+    params.temperature[1] = 0.0
+    processed = processed_logits(logits, params)
+    kept = processed[0].isfinite()
+    both = _min_p_reference(logits[:1], 0.8, 0.3)[0].isfinite() & (logits[0] >= logits[0].topk(3).values[-1])
+    assert torch.equal(kept, both) and 1 <= kept.sum() <= 3
+    assert torch.equal(processed[1], logits[1])

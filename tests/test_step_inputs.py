@@ -2,14 +2,14 @@ import torch
 
 from qwen3_runtime.step_inputs import RequestRow, StepInputs
 
-GREEDY = RequestRow((-1, 9, 0, 0, 0), (0.5, 1.0))
-SAMPLED = RequestRow((40, 3, 5, 1, 1), (1.0, 0.9))
+GREEDY = RequestRow((-1, 9, 0, 0, 0, -1), (0.5, 1.0, 0.0, 0.0, 0.0, 1.0))
+SAMPLED = RequestRow((40, 3, 5, 1, 1, 2), (1.0, 0.9, 0.1, 0.5, -0.5, 1.2))
 
 
 def _fill_two_rows(host: StepInputs) -> None:
     """Row 0 greedy, row 1 sampled and fed by row 0 of the step in flight; no padding."""
     host.fill(2, 2, input_ids=[7, 8], positions=[5, 0], slot_mapping=[21, 33], seq_lens=[6, 1], prev_rows=[-1, 0],
-              requests={0: GREEDY, 1: SAMPLED})  # fmt: skip
+              suppress_stop=[0, 1], requests={0: GREEDY, 1: SAMPLED})  # fmt: skip
 
 
 def test_rows_padding_and_copy():
@@ -19,13 +19,26 @@ def test_rows_padding_and_copy():
     assert host.top_k.tolist()[:2] == [-1, 40] and host.num_top.tolist()[:2] == [0, 5]
     assert host.top_p.tolist()[:2] == [1.0, 0.8999999761581421] and host.processed.tolist()[:2] == [0, 1]
     host.block_tables[0] = torch.tensor([2, 1, 0])
-    host.fill(1, 4, input_ids=[7], positions=[5], slot_mapping=[21], seq_lens=[6], prev_rows=[1], requests={})
+    host.fill(
+        1,
+        4,
+        input_ids=[7],
+        positions=[5],
+        slot_mapping=[21],
+        seq_lens=[6],
+        prev_rows=[1],
+        suppress_stop=[1],
+        requests={},
+    )
     # row 0 keeps its request's constants; row 1 was stale: it must have become padding
     device.copy_from(host, 4)
     assert device.input_ids.tolist() == [7, 0, 0, 0]
     assert device.slot_mapping.tolist() == [21, -1, -1, -1]
     assert device.seq_lens.tolist() == [6, 0, 0, 0] and device.wants_logprobs.tolist() == [0, 0, 0, 0]
-    assert device.prev_row.tolist() == [1, -1, -1, -1]
+    assert device.prev_row.tolist() == [1, -1, -1, -1] and device.suppress_stop.tolist() == [1, 0, 0, 0]
+    # row 1 was penalized: as padding it holds no penalty slot and neutral penalties
+    assert device.penalty_slot.tolist() == [-1] * 4 and device.repetition.tolist() == [1.0] * 4
+    assert device.presence.tolist() == [0.0] * 4 and device.min_p.tolist() == [0.0] * 4
     assert device.top_k.tolist() == [-1, -1, -1, -1] and device.num_top.tolist() == [0, 0, 0, 0]
     assert device.temperature.tolist() == [0.5, 0.0, 0.0, 0.0] and device.top_p.tolist()[1:] == [1.0] * 3
     sampling = device.sampling(2)
@@ -44,7 +57,8 @@ def test_seeds_keep_all_63_bits():
         slot_mapping=[0],
         seq_lens=[1],
         prev_rows=[-1],
-        requests={0: RequestRow((-1, seed, 0, 0, 0), (1.0, 1.0))},
+        suppress_stop=[0],
+        requests={0: RequestRow((-1, seed, 0, 0, 0, -1), (1.0, 1.0, 0.0, 0.0, 0.0, 1.0))},
     )
     assert host.seed.tolist() == [seed]
 

@@ -72,6 +72,7 @@ def _expand(
                     temperature=req.temperature,
                     top_p=req.top_p,
                     top_k=req.top_k,
+                    **req.penalties(),
                     seed=seed,
                     stop_token_ids=list(req.stop_token_ids or []),
                     ignore_eos=req.ignore_eos,

@@ -14,18 +14,15 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 from pydantic_core import PydanticCustomError
 
+from qwen3_runtime.params import MAX_REPETITION_PENALTY
+
 log = logging.getLogger(__name__)
 
 SAME_AS_N = object()  # in an "off" tuple: the request's own n (best_of = n picks nothing)
 
 # field -> its "off" values. OpenAI's fields and vLLM's sampling extensions; for both endpoints.
 UNSUPPORTED: dict[str, tuple] = {
-    "presence_penalty": (None, 0),
-    "frequency_penalty": (None, 0),
     "logit_bias": (None, {}),
-    "repetition_penalty": (None, 1),
-    "min_p": (None, 0),
-    "min_tokens": (None, 0),
     "length_penalty": (None, 1),
     "use_beam_search": (None, False),
     "include_stop_str_in_output": (None, False),
@@ -101,6 +98,18 @@ class _Request(BaseModel):
     temperature: float = Field(1.0, ge=0)
     top_p: float = Field(1.0, gt=0, le=1)
     top_k: int = Field(-1, ge=-1)
+    # vLLM's sampling extensions and OpenAI's penalties; None: SamplingParams' default (off).
+    min_p: float | None = Field(None, ge=0, le=1)
+    presence_penalty: float | None = Field(None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(None, ge=-2, le=2)
+    repetition_penalty: float | None = Field(None, gt=0, le=MAX_REPETITION_PENALTY)
+    min_tokens: int | None = Field(None, ge=0)  # at most max_tokens: checked with the params
+
+    def penalties(self) -> dict[str, float | int]:
+        """The fields above that were given, for SamplingParams."""
+        names = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     n: int = Field(1, ge=1, le=128)
     stop: str | list[str] | None = None

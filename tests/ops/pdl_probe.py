@@ -72,7 +72,9 @@ def run_ops() -> None:
     norms.silu_mul(torch.randn(3, 128, **bf16))
     greedy.greedy_max(torch.randn(2, 5000))
     seeds = torch.arange(2)
-    sampler.sample(torch.randn(2, 5000), sampler.SamplingTensors(torch.ones(2), -seeds, seeds + 1.0, seeds, seeds))
+    sampler.sample(
+        torch.randn(2, 5000), sampler.SamplingTensors(torch.ones(2), -seeds, seeds + 1.0, seeds, seeds, seeds * 0.0)
+    )
     heads, kv_heads, dim, block = 4, 2, 32, 16
     caches = [torch.zeros(4, block, kv_heads, dim, **bf16) for _ in range(2)]
     attention_inputs.attention_inputs(

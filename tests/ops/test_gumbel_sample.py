@@ -41,7 +41,7 @@ def _params(rows: int, temperature: float = 1.0, seed: int = 0, position: int = 
     full = lambda v, dtype: torch.full((rows,), v, dtype=dtype)
     seeds = torch.arange(rows, dtype=torch.int64) * 7919 + seed
     return SamplingTensors(full(temperature, torch.float32), full(-1, torch.int32), full(1.0, torch.float32),
-                           seeds, full(position, torch.int64))  # fmt: skip
+                           seeds, full(position, torch.int64), full(0.0, torch.float32))  # fmt: skip
 
 
 def _top2_gap(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:

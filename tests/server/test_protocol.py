@@ -16,8 +16,6 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 @pytest.mark.parametrize(
     "endpoint, field, value",
     [
-        (COMPLETION, "presence_penalty", 0.5),
-        (CHAT, "frequency_penalty", -1.0),
         (COMPLETION, "logit_bias", {"42": 100}),
         (CHAT, "logit_bias", {"42": -100}),
         (COMPLETION, "best_of", 2),
@@ -25,9 +23,6 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
         (CHAT, "tools", [TOOL]),
         (CHAT, "tool_choice", "required"),
         (CHAT, "response_format", {"type": "json_object"}),
-        (CHAT, "repetition_penalty", 1.3),
-        (COMPLETION, "min_p", 0.1),
-        (CHAT, "min_tokens", 4),
     ],
 )
 def test_unsupported_field_is_400_naming_it(http, endpoint, field, value):
@@ -41,9 +36,46 @@ def test_unsupported_field_is_400_naming_it(http, endpoint, field, value):
 def test_unsupported_field_through_the_openai_client(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, presence_penalty=1.0
+            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, logit_bias={"42": 1}
         )
-    assert info.value.body["param"] == "presence_penalty"
+    assert info.value.body["param"] == "logit_bias"
+
+
+PENALTIES = {
+    "presence_penalty": 1.5,
+    "frequency_penalty": -0.5,
+    "repetition_penalty": 1.3,
+    "min_p": 0.1,
+    "min_tokens": 3,
+}
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETION, CHAT], ids=["completions", "chat"])
+def test_penalties_and_min_p_are_accepted(http, endpoint):
+    path, body = endpoint
+    base = {**body, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+    plain, penalized = http.post(path, json=base), http.post(path, json={**base, **PENALTIES})
+    assert penalized.status_code == 200, penalized.text
+    assert penalized.json()["usage"]["completion_tokens"] == 6
+    assert penalized.json()["choices"] != plain.json()["choices"]
+
+
+@pytest.mark.parametrize(
+    "endpoint, field, value",
+    [
+        (COMPLETION, "presence_penalty", 2.5),
+        (CHAT, "frequency_penalty", -3),
+        (COMPLETION, "repetition_penalty", 0),
+        (CHAT, "min_p", 1.5),
+        (COMPLETION, "min_tokens", -1),
+        (CHAT, "min_tokens", 3),  # above max_tokens 2: the params' check
+    ],
+)
+def test_out_of_range_penalty_is_400_naming_it(http, endpoint, field, value):
+    path, body = endpoint
+    resp = http.post(path, json={**body, "max_tokens": 2, field: value})
+    assert resp.status_code == 400, resp.text
+    assert resp.json()["error"]["param"] == field, resp.json()
 
 
 @pytest.mark.parametrize("endpoint", [COMPLETION, CHAT], ids=["completions", "chat"])

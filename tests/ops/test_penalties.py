@@ -1,0 +1,115 @@
+"""The penalties kernel (Triton in the interpreter on the CPU) against its PyTorch reference, and the reference
+against vLLM's semantics written out per token in plain Python (float32 arithmetic through NumPy scalars)."""
+
+import numpy as np
+import pytest
+import torch
+
+from qwen3_runtime.ops.penalties import CHUNK, apply_penalties, apply_penalties_reference
+
+NUM_STOP = 3  # not a power of two: the kernel pads the load
+
+
+def _inputs(vocab: int, seed: int) -> dict:
+    """Eight rows over four slots (one unused): every edge case of the module docstring."""
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(8, vocab, generator=g) * 5  # negative and positive
+    logits[:, 1] = float("-inf")
+    logits[:, 2] = 0.0
+    counts = torch.randint(0, 4, (4, vocab), generator=g, dtype=torch.int32) * (torch.rand(4, vocab, generator=g) < 0.2)
+    counts[:, 3] = 0  # never generated ...
+    counts[:, 4] = 1
+    counts[:, 5] = 40  # ... once, many times
+    prompt_mask = (torch.rand(4, vocab, generator=g) < 0.2).to(torch.uint8)
+    prompt_mask[:, 3] = 1  # in the prompt only
+    prompt_mask[:, 4] = 0  # in the output only
+    prompt_mask[:, 5] = 1  # in both
+    stop_ids = torch.full((4, NUM_STOP), -1, dtype=torch.int32)
+    stop_ids[:, :2] = torch.tensor([0, 4], dtype=torch.int32)
+    stop_ids[3, 2] = vocab - 1
+    stop_ids[2, 2] = 1
+    f32 = lambda *v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+    return dict(
+        logits=logits,
+        slot=torch.tensor([0, -1, 1, 2, -1, 0, 3, 2], dtype=torch.int64),
+        presence=f32(0.5, 2.0, -1.5, 0.0, 0.0, 2.0, 0.3, 0.0),
+        frequency=f32(0.25, 1.0, 0.0, -2.0, 0.0, -0.7, 0.1, 0.0),
+        repetition=f32(1.3, 2.0, 0.7, 1.0, 1.0, 1.0, 9.5, 1.0),
+        suppress_stop=torch.tensor([1, 1, 0, 1, 0, 0, 1, 0], dtype=torch.int64),
+        output_counts=counts,
+        prompt_mask=prompt_mask,
+        stop_ids=stop_ids,
+    )
+
+
+def _vllm_row(x, counts, prompt, stops, presence, frequency, repetition, suppress) -> list:
+    """vLLM V1's penalties on one row, token by token."""
+    r, f, p = np.float32(repetition), np.float32(frequency), np.float32(presence)
+    out = []
+    for t, logit in enumerate(x):
+        y, c = np.float32(logit), int(counts[t])
+        if prompt[t] or c > 0:
+            y = y / r if y > 0 else y * r
+        y = y - f * np.float32(c)
+        y = y - p * np.float32(c > 0)
+        if suppress and t in stops:
+            y = np.float32("-inf")
+        out.append(float(y))
+    return out
+
+
+def _vllm(inp: dict) -> torch.Tensor:
+    rows = []
+    for i, slot in enumerate(inp["slot"].tolist()):
+        if slot < 0:
+            rows.append(inp["logits"][i].tolist())
+            continue
+        rows.append(
+            _vllm_row(
+                inp["logits"][i].tolist(),
+                inp["output_counts"][slot].tolist(),
+                inp["prompt_mask"][slot].tolist(),
+                {s for s in inp["stop_ids"][slot].tolist() if s >= 0},
+                *(inp[k][i].item() for k in ("presence", "frequency", "repetition", "suppress_stop")),
+            )
+        )
+    return torch.tensor(rows, dtype=torch.float32)
+
+
+def _exact(a: torch.Tensor, b: torch.Tensor) -> None:
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("vocab", [37, CHUNK + 5])
+def test_reference_follows_vllm_semantics(vocab):
+    inp = _inputs(vocab, seed=vocab)
+    _exact(apply_penalties_reference(**inp), _vllm(inp))
+
+
+@pytest.mark.parametrize("vocab", [37, CHUNK, 2 * CHUNK + 99])
+def test_kernel_matches_the_reference(vocab):
+    inp = _inputs(vocab, seed=vocab + 1)
+    poisoned = torch.full_like(inp["logits"], float("nan"))  # unwritten elements stay NaN
+    out = apply_penalties(**inp, out=poisoned)
+    assert out is poisoned
+    ref = apply_penalties_reference(**inp)
+    _exact(out, ref)
+    held = inp["slot"] >= 0
+    assert torch.equal(out[~held].view(torch.int32), inp["logits"][~held].view(torch.int32))  # bit for bit
+    assert not torch.equal(out[held], inp["logits"][held])
+
+
+def test_edge_cases_do_what_they_say():
+    inp = _inputs(37, seed=3)
+    out = apply_penalties_reference(**inp)
+    x = inp["logits"]
+    assert out[0, 0] == float("-inf") and out[0, 4] == float("-inf")  # suppressed stop ids
+    assert out[:, 1].eq(float("-inf")).all()  # -inf stays -inf through every penalty
+    # Row 3: no repetition, frequency -2 and no presence: a token seen 40 times gains 80; one in the prompt only
+    # keeps its logit.
+    assert out[3, 5] == x[3, 5] + 80 and out[3, 3] == x[3, 3]
+    # Row 6: repetition 9.5 > 1 pulls a seen positive logit towards 0 and pushes a negative one away.
+    seen = (inp["prompt_mask"][3] != 0) & (inp["output_counts"][3] == 0)
+    seen[inp["stop_ids"][3].long()] = False
+    for t in seen.nonzero().flatten().tolist():
+        assert abs(out[6, t]) <= abs(x[6, t]) if x[6, t] > 0 else abs(out[6, t]) >= abs(x[6, t])
