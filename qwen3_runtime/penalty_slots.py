@@ -83,5 +83,7 @@ class PenaltySlots:
 
     def count(self, tokens: torch.Tensor, slot: torch.Tensor) -> None:
         """Add each row's sampled token to its slot's counts (rows without a slot to the spare last row)."""
+        # One flat scatter_add_ (atomic adds, capturable in a CUDA graph, no index sort).
         rows = torch.where(slot < 0, len(self.output_counts) - 1, slot)
-        self.output_counts.index_put_((rows, tokens), torch.ones_like(tokens, dtype=torch.int32), accumulate=True)
+        flat = rows * self.output_counts.shape[1] + tokens
+        self.output_counts.view(-1).scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))

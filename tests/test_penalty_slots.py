@@ -141,3 +141,15 @@ def test_penalty_slots_are_held_while_running_and_freed_at_the_end(make_runtime,
     assert slots.held == {} and sorted(slots.free) == [0, 1, 2, 3]
     rt.generate([[1, 2]] * 6, SamplingParams(max_tokens=5, temperature=0, min_tokens=2))  # more than the slots
     assert slots.held == {} and len(slots.free) == 4
+
+
+def test_a_preempted_penalized_request_keeps_its_counts(make_runtime, tiny_checkpoint):
+    """Recomputed after preemption, penalized requests produce the tokens they produce with room to spare."""
+    prompts = [[i + 1] * (10 + 7 * i) for i in range(6)]
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True, **PENALIZED)
+    reference = [o.token_ids for o in make_runtime(tiny_checkpoint).generate(prompts, params)]
+    rt = make_runtime(tiny_checkpoint, engine__num_kv_blocks=10, engine__max_model_len=128)
+    outs = rt.generate(prompts, params)
+    assert rt.scheduler.num_preemptions > 0
+    assert [o.token_ids for o in outs] == reference
+    assert rt.runner.penalties.held == {}
