@@ -79,9 +79,12 @@ def check_weights_fit(num_bytes: int, device: torch.device, dtype: torch.dtype) 
         )
 
 
-def num_kv_blocks(engine: EngineConfig, arch: ArchitectureConfig, device: torch.device, dtype: torch.dtype) -> int:
+def num_kv_blocks(
+    engine: EngineConfig, arch: ArchitectureConfig, device: torch.device, dtype: torch.dtype, reserved: int = 0
+) -> int:
     """engine.num_kv_blocks, or enough for max_num_seqs full-length sequences, capped by
-    gpu_memory_utilization of the free memory (the GPU's, or the host's on the CPU)."""
+    gpu_memory_utilization of the free memory (the GPU's, or the host's on the CPU) less `reserved` bytes (what
+    the worst step needs: memory_profile.py)."""
     needed = cdiv(engine.max_model_len, engine.block_size)
     if engine.num_kv_blocks is not None:
         if engine.num_kv_blocks < needed:
@@ -95,11 +98,12 @@ def num_kv_blocks(engine: EngineConfig, arch: ArchitectureConfig, device: torch.
     if free is None:
         return blocks
     per_block = kv_bytes_per_block(arch, engine.block_size, dtype)
-    fit = int(free * engine.gpu_memory_utilization) // per_block
+    fit = max(0, int(free * engine.gpu_memory_utilization) - reserved) // per_block
     if fit < needed:
         raise ConfigError(
             f"the KV cache fits {fit} blocks in engine.gpu_memory_utilization={engine.gpu_memory_utilization} of "
-            f"the {free / _GIB:.2f} GiB free on {device}, but one engine.max_model_len={engine.max_model_len} "
-            f"sequence needs {needed}: lower engine.max_model_len or use a smaller model"
+            f"the {free / _GIB:.2f} GiB free on {device}, less {reserved / _GIB:.2f} GiB for the largest step, but "
+            f"one engine.max_model_len={engine.max_model_len} sequence needs {needed}: lower "
+            "engine.max_model_len, engine.max_num_batched_tokens or engine.max_num_seqs, or use a smaller model"
         )
     return min(blocks, fit)

@@ -60,9 +60,12 @@ class StepInFlight:
 
 
 class ModelRunner:
-    def __init__(self, model: Qwen3ForCausalLM, kv_cache: torch.Tensor, config: Config) -> None:
+    def __init__(self, model: Qwen3ForCausalLM, config: Config) -> None:
+        """The static buffers; the KV cache comes with attach_kv_cache, once it is sized (memory_profile.py)."""
         engine = config.engine
-        self.model, self.kv_cache, self.device = model, kv_cache, kv_cache.device
+        self.model, self.device = model, model.lm_head.weight.device
+        self.kv_cache: torch.Tensor | None = None
+        self.cuda_graphs = engine.cuda_graphs and self.device.type == "cuda"
         self.async_scheduling, self.block_size = engine.async_scheduling, engine.block_size
         self.max_model_len, self.logprobs_mode = engine.max_model_len, config.logprobs.mode
         self.routing = LogprobsRouting.from_config(config.logprobs)
@@ -97,7 +100,11 @@ class ModelRunner:
         self.prefill_graphs = StepGraphs(
             self._prefill_forward, token_buckets(min(max_tokens, engine.prefill_graph_max_tokens))
         )
-        if self.device.type == "cuda" and engine.cuda_graphs:
+
+    def attach_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        """Run on this cache from now on; on a GPU, capture the decode and prefill graphs over it."""
+        self.kv_cache = kv_cache
+        if self.cuda_graphs:
             start = time.perf_counter()
             with torch.inference_mode():
                 self.graphs.capture()

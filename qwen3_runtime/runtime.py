@@ -16,6 +16,7 @@ from qwen3_runtime.config import Config, ConfigError, load_config
 from qwen3_runtime.device import num_kv_blocks, resolve_device, resolve_dtype
 from qwen3_runtime.kv_cache import allocate_kv_cache
 from qwen3_runtime.loader import load_model
+from qwen3_runtime.memory_profile import worst_step_bytes
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate, Status
 from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
@@ -42,10 +43,13 @@ class Runtime:
                 f"max_position_embeddings={arch.max_position_embeddings} of the model"
             )
         self.model.build_rope_table(engine.max_model_len)
-        num_blocks = num_kv_blocks(engine, arch, self.device, self.dtype)
+        self.runner = ModelRunner(self.model, config)
+        # The worst step's memory is set aside before the KV cache takes its share of what is free.
+        reserved = worst_step_bytes(self.runner, config, self.dtype) if self.device.type == "cuda" else 0
+        num_blocks = num_kv_blocks(engine, arch, self.device, self.dtype, reserved)
         self.kv_cache = allocate_kv_cache(arch, num_blocks, engine.block_size, self.dtype, self.device)
+        self.runner.attach_kv_cache(self.kv_cache)
         self.scheduler = Scheduler(engine, BlockManager(num_blocks, engine.block_size, engine.prefix_caching))
-        self.runner = ModelRunner(self.model, self.kv_cache, config)
         self.eos_token_ids = set(arch.eos_token_ids)
         self._next_id = 0
         self.num_generated = 0  # tokens appended to outputs so far

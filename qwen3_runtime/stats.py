@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 
 @dataclass
@@ -22,3 +22,8 @@ class RunnerStats:
         self.d2h_copies += 1
         self.d2h_bytes += nbytes
         self.host_syncs += synced
+
+    def reset(self) -> None:
+        """Back to zero (after steps that served no request: the memory profile's)."""
+        for f in fields(self):
+            setattr(self, f.name, f.default)

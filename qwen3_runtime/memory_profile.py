@@ -1,0 +1,81 @@
+"""What the worst step the config allows needs on the GPU beyond the weights and the runner's static buffers,
+measured before the KV cache is sized, so that the cache leaves room for it (vLLM's profile run).
+
+Two steps run eagerly on a scratch KV cache of one full-length sequence's blocks: a prefill of every token the
+step budget allows (prompts of up to max_model_len - 1 tokens, the rest of max_num_seqs as one-token rows),
+every prompt asking the largest prompt logprobs and every row the largest logprobs, with top-k, top-p and
+penalties (the sort, the penalties' pass and the prompt-logprobs chunk of logits); then a decode step of
+max_num_seqs such rows. Their peaks bound what is held later: the decode graphs' pool (one decode step's
+temporaries), the prefill graphs' pool and an eager prefill's temporaries (at most one full prefill each)."""
+
+from __future__ import annotations
+
+import torch
+
+from qwen3_runtime.config import Config
+from qwen3_runtime.kv_cache import allocate_kv_cache
+from qwen3_runtime.ops import cdiv
+from qwen3_runtime.params import SamplingParams
+from qwen3_runtime.request import Request
+from qwen3_runtime.runner import ModelRunner
+from qwen3_runtime.scheduler import PrefillChunk
+
+
+def worst_step_bytes(runner: ModelRunner, config: Config, dtype: torch.dtype) -> int:
+    """Bytes to set aside for the runner's work before the KV cache is sized; the runner's cache, if any, is
+    back in place after. On a CPU the steps run but nothing is measured (0): the Runtime profiles GPUs only."""
+    engine, arch = config.engine, runner.model.config
+    num_blocks = cdiv(engine.max_model_len, engine.block_size)
+    cache, runner.kv_cache = (
+        runner.kv_cache,
+        allocate_kv_cache(arch, num_blocks, engine.block_size, dtype, runner.device),
+    )
+    k = runner.routing.k_max
+    params = SamplingParams(
+        max_tokens=1, temperature=0.7, top_k=20, top_p=0.8, logprobs=k, prompt_logprobs=k, repetition_penalty=1.1
+    )
+    table = list(range(num_blocks))
+    prompts, budget = [], engine.max_num_batched_tokens
+    while budget > 0 and len(prompts) < engine.max_num_seqs:
+        prompts.append(min(budget, engine.max_model_len - 1))
+        budget -= prompts[-1]
+    lengths = prompts + [1] * (engine.max_num_seqs - len(prompts))
+    prefill = [_request(-1 - i, [0] * n, params, table) for i, n in enumerate(lengths)]
+    decode = [_request(-1 - len(lengths) - i, [0, 0], params, table) for i in range(engine.max_num_seqs)]
+    peaks = []
+    for run in (
+        lambda: runner.prefill([PrefillChunk(req, 0, req.num_tokens) for req in prefill]),
+        lambda: runner.launch_decode(decode),
+    ):
+        base = _reset_peak(runner.device)
+        runner.collect(run())
+        peaks.append(_peak(runner.device) - base)
+    for req in prefill + decode:
+        runner.release(req)
+    runner.kv_cache = cache
+    runner.stats.reset()
+    if runner.device.type == "cuda":
+        torch.cuda.empty_cache()
+    prefill_peak, decode_peak = peaks
+    return decode_peak + 2 * prefill_peak
+
+
+def _request(request_id: int, prompt: list[int], params: SamplingParams, table: list[int]) -> Request:
+    req = Request(request_id, prompt, params, seed=0)
+    req.block_table = table
+    return req
+
+
+def _reset_peak(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    return torch.cuda.memory_allocated(device)
+
+
+def _peak(device: torch.device) -> int:
+    if device.type != "cuda":
+        return 0
+    torch.cuda.synchronize(device)
+    return torch.cuda.max_memory_allocated(device)

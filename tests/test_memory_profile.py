@@ -1,0 +1,46 @@
+"""The worst step's memory, set aside before the KV cache is sized: the profile's steps run and leave the runner
+as they found it; on the GPU, the worst allowed shapes run once the cache has taken its share."""
+
+import pytest
+import torch
+
+from qwen3_runtime import Runtime, SamplingParams
+from qwen3_runtime.memory_profile import worst_step_bytes
+
+WORST = dict(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.1, logprobs=20, ignore_eos=True)
+
+
+def test_the_profile_steps_run_and_leave_the_runner_as_it_was(make_runtime, tiny_checkpoint):
+    rt = make_runtime(tiny_checkpoint)
+    cache = rt.runner.kv_cache
+    expected = rt.generate([[5, 6, 7]], SamplingParams(max_tokens=6, **WORST, seed=1))[0].token_ids
+
+    assert worst_step_bytes(rt.runner, rt.config, rt.dtype) == 0  # measured on GPUs only
+
+    assert rt.runner.kv_cache is cache and rt.runner.stats.prefill_steps == rt.runner.stats.decode_steps == 0
+    assert rt.runner.penalties.held == {} and len(rt.runner.penalties.free) == rt.config.engine.max_num_seqs
+    assert rt.generate([[5, 6, 7]], SamplingParams(max_tokens=6, **WORST, seed=1))[0].token_ids == expected
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_the_worst_allowed_shapes_fit_after_the_kv_cache_took_its_share():
+    """A KV cache capped by memory (64 sequences of 32k tokens would need ~235 GB), then every row asking
+    logprobs 20 with top-k, top-p and a penalty, beside a full-budget prompt asking prompt logprobs 20."""
+    rt = Runtime.from_yaml(
+        "qwen3-0.6b",
+        overrides={"engine.max_model_len": 32768, "engine.gpu_memory_utilization": 0.97, "engine.max_num_seqs": 64},
+    )
+    engine = rt.config.engine
+    assert rt.scheduler.blocks.num_blocks < engine.max_num_seqs * engine.max_model_len // engine.block_size
+    g = torch.Generator().manual_seed(0)
+    prompt = lambda n: torch.randint(0, rt.vocab_size, (n,), generator=g).tolist()  # noqa: E731
+    prompts = [prompt(engine.max_num_batched_tokens)] + [prompt(1000) for _ in range(engine.max_num_seqs - 1)]
+    params = [SamplingParams(max_tokens=8, prompt_logprobs=20, **WORST)]
+    params += [SamplingParams(max_tokens=64, **WORST)] * (engine.max_num_seqs - 1)
+    outs = rt.generate(prompts, params)
+    assert all(o.error is None and len(o.token_ids) == p.max_tokens for o, p in zip(outs, params))
+    free, total = torch.cuda.mem_get_info()
+    print(
+        f"KV blocks {rt.scheduler.blocks.num_blocks}; free after the run {free / 2**30:.2f} of {total / 2**30:.0f} GiB"
+    )
