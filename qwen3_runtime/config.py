@@ -81,7 +81,8 @@ class EngineConfig:
     # decoding requests ride in those steps (a token each, not counted here), so this bounds their stall too.
     max_num_batched_tokens: int = field(default=8192, metadata=_range(1))
     block_size: int = field(default=16, metadata=_range(1))
-    # None: enough for max_num_seqs full-length sequences, capped by gpu_memory_utilization.
+    # None: enough for max_num_seqs full-length sequences, capped by gpu_memory_utilization of the free memory less
+    # what the largest step needs (memory_profile.py).
     num_kv_blocks: int | None = field(default=None, metadata=_range(1))
     gpu_memory_utilization: float = field(default=0.9, metadata=_range(0, 1, lo_open=True))
     # Capture the decode step in CUDA graphs (GPU only), one per padded batch size.
