@@ -35,9 +35,11 @@ from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.step_inputs import InputStager, RequestRow
 from qwen3_runtime.step_output import StepOutputs
 
-# Graph variants: greedy batches draw no noise; only batches with a random row asking for top-k or top-p sort.
+# Graph variants: greedy batches draw no noise; random rows asking for top-k (at most TOP_K_CAP) select their
+# top tokens; only a batch with a random row asking for top-p alone, or a larger top-k, sorts the vocabulary.
 # Each comes penalized or not: only batches with a penalized row take the penalties' pass over the logits.
-GREEDY, RANDOM, FILTERED = "greedy", "random", "filtered"
+GREEDY, RANDOM, TOP_K, FILTERED = "greedy", "random", "top_k", "filtered"
+TOP_K_CAP = 128
 
 
 @dataclass
@@ -91,7 +93,7 @@ class ModelRunner:
         self.penalties = PenaltySlots.allocate(max_rows, vocab, model.config.eos_token_ids, self.device)
         variants = [
             (variant, penalized, buffer)
-            for variant in (GREEDY, RANDOM, FILTERED)
+            for variant in (GREEDY, RANDOM, TOP_K, FILTERED)
             for penalized in (False, True)
             for buffer in (0, 1)
         ]
@@ -210,7 +212,8 @@ class ModelRunner:
         else:
             params = inp.sampling(rows)
             peak = penalized_logits.amax(dim=-1)
-            processed = processed_logits(penalized_logits, params, peak, filtered=variant == FILTERED)
+            cap = TOP_K_CAP if variant == TOP_K else None
+            processed = processed_logits(penalized_logits, params, peak, variant in (TOP_K, FILTERED), cap)
             tokens = sample(processed, params)
         if processed is logits:  # greedy without penalties: raw and processed are the same
             lp_logits = logits
@@ -254,6 +257,7 @@ def _penalized(reqs: list[Request]) -> bool:
 
 def _variant(reqs: list[Request]) -> str:
     random = [req.params for req in reqs if not req.params.greedy]
-    if any(p.top_k > 0 or p.top_p < 1 for p in random):
+    filtered = [p for p in random if p.top_k > 0 or p.top_p < 1]
+    if any(not 0 < p.top_k <= TOP_K_CAP for p in filtered):
         return FILTERED
-    return RANDOM if random else GREEDY
+    return TOP_K if filtered else RANDOM if random else GREEDY

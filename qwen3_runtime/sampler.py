@@ -39,13 +39,19 @@ def random_rows(params: SamplingTensors) -> torch.Tensor:
 
 
 def processed_logits(
-    logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor | None = None, filtered: bool = True
+    logits: torch.Tensor,
+    params: SamplingTensors,
+    peak: torch.Tensor | None = None,
+    filtered: bool = True,
+    top_k_cap: int | None = None,
 ) -> torch.Tensor:
     """What random rows sample from: logits / temperature, -inf below min-p and outside top-k and top-p (vLLM's
     order). Greedy rows (temperature < GREEDY_BELOW) keep their logits. A row whose largest logit (`peak` [B],
     when the caller has it) would overflow when scaled is shifted by it first (the same distribution, but
     finite). filtered=False, from a caller that knows no random row asks for top-k or top-p, skips the
-    full-vocabulary sort, which would change nothing; min-p needs no sort and applies either way."""
+    full-vocabulary sort, which would change nothing; min-p needs no sort and applies either way. top_k_cap,
+    from a caller that knows every random row asking for top-k or top-p asks top_k <= top_k_cap: the rows' top
+    top_k_cap tokens are selected instead of sorting the vocabulary (`_top_k_top_p_selected`)."""
     temperature = params.temperature.clamp_min(GREEDY_BELOW)[:, None]
     peak = (logits.amax(dim=-1) if peak is None else peak)[:, None]
     shift = torch.where(peak.isfinite() & ~(peak / temperature).isfinite(), peak, 0.0)
@@ -54,7 +60,9 @@ def processed_logits(
     # A probability below min_p times the largest one is a scaled logit below the largest plus log(min_p).
     floor = (peak - shift) / temperature + params.min_p.log()[:, None]
     scaled = scaled.masked_fill(scaled < floor, float("-inf"))
-    if filtered:
+    if filtered and top_k_cap is not None:
+        scaled = _top_k_top_p_selected(scaled, params.top_k, params.top_p, top_k_cap)
+    elif filtered:
         scaled = _top_k_top_p(scaled, params.top_k, params.top_p)
     return torch.where(random_rows(params)[:, None], scaled, logits)
 
@@ -89,6 +97,26 @@ def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     outside = (mass_before > top_p[:, None]) & (top_p < 1)[:, None]
     sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
     return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+
+
+def _top_k_top_p_selected(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, cap: int) -> torch.Tensor:
+    """_top_k_top_p for rows with 0 < top_k <= cap (rows with neither filter pass through), by selecting each
+    row's `cap` largest instead of sorting all of it. The selection runs on int64 keys, the value's
+    order-preserving bits over the complemented token id, so its order is the stable sort's (value descending,
+    then the lower id): the same kept tokens, and top-p sums the same probabilities in the same order."""
+    vocab = logits.shape[-1]
+    bits = (logits + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0, which the sort takes as equal
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # as int32, in the floats' order (negatives' magnitudes flipped)
+    token = torch.arange(vocab, device=logits.device, dtype=torch.int64)
+    keys = (ordered.long() << 32) | (vocab - 1 - token)
+    ids = (vocab - 1) - (keys.topk(min(cap, vocab), dim=-1).values & _MASK32)
+    top = logits.gather(-1, ids)
+    rank = torch.arange(ids.shape[-1], device=logits.device)[None, :]
+    top = top.masked_fill(rank >= top_k[:, None], float("-inf"))
+    probs = top.softmax(dim=-1, dtype=torch.float64)
+    outside = (probs.cumsum(dim=-1).sub_(probs) > top_p[:, None]) & (top_p < 1)[:, None]
+    selected = torch.full_like(logits, float("-inf")).scatter(-1, ids, top.masked_fill(outside, float("-inf")))
+    return torch.where(((top_k > 0) | (top_p < 1))[:, None], selected, logits)
 
 
 def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -143,12 +143,12 @@ def test_a_batch_without_top_k_or_top_p_skips_the_sort(make_runtime, tiny_checkp
     batch = lambda *params: [SimpleNamespace(params=p) for p in params]
     assert runner._variant(batch(greedy, greedy)) == runner.GREEDY
     assert runner._variant(batch(greedy, plain)) == runner.RANDOM
-    assert runner._variant(batch(plain, top_p, greedy)) == runner.FILTERED
-    assert runner._variant(batch(replace(plain, top_k=3))) == runner.FILTERED
+    assert runner._variant(batch(plain, top_p, greedy)) == runner.FILTERED  # top-p alone: the sort
+    assert runner._variant(batch(replace(plain, top_k=3), plain)) == runner.TOP_K
+    assert runner._variant(batch(replace(top_p, top_k=runner.TOP_K_CAP))) == runner.TOP_K
+    assert runner._variant(batch(replace(top_p, top_k=runner.TOP_K_CAP + 1))) == runner.FILTERED
     filtered, process = [], runner.processed_logits
-    monkeypatch.setattr(
-        runner, "processed_logits", lambda *a, **kw: filtered.append(kw["filtered"]) or process(*a, **kw)
-    )
+    monkeypatch.setattr(runner, "processed_logits", lambda *a: filtered.append(a[3]) or process(*a))
     prompts = [[5, 6, 7], [8, 9]]
     skipped = make_runtime(tiny_checkpoint).generate(prompts, [greedy, plain])
     assert filtered and not any(filtered)
@@ -158,6 +158,23 @@ def test_a_batch_without_top_k_or_top_p_skips_the_sort(make_runtime, tiny_checkp
     assert all(filtered[-4:])
     assert [o.token_ids for o in skipped] == [o.token_ids for o in sorted_]
     assert skipped[1].logprobs == sorted_[1].logprobs
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.9])
+def test_top_k_rows_select_instead_of_sorting_with_the_same_results(make_runtime, tiny_checkpoint, monkeypatch, top_p):
+    from qwen3_runtime import runner
+
+    params = [
+        SamplingParams(max_tokens=6, temperature=0.9, top_k=k, top_p=top_p, seed=s, ignore_eos=True, logprobs=3,
+                       logprobs_mode="processed")
+        for s, k in ((1, 5), (2, 40))
+    ] + [SamplingParams(max_tokens=6, temperature=0.8, seed=3, ignore_eos=True, logprobs=2)]  # fmt: skip
+    prompts = [[5, 6, 7], [8, 9], [1, 2, 3, 4]]
+    selected = make_runtime(tiny_checkpoint).generate(prompts, params)
+    monkeypatch.setattr(runner, "_variant", lambda reqs: runner.FILTERED)
+    sorted_ = make_runtime(tiny_checkpoint).generate(prompts, params)
+    assert [o.token_ids for o in selected] == [o.token_ids for o in sorted_]
+    assert [o.logprobs for o in selected] == [o.logprobs for o in sorted_]
 
 
 def test_full_vocabulary_needs_max_logprobs_minus_one(make_runtime, tiny_checkpoint):
@@ -322,7 +339,7 @@ def test_graph_eager_and_host_paths_agree(config):
         rt = _gpu_runtime(config, **overrides)
         runs[name] = _run_joining(rt, _gpu_requests(rt.vocab_size))
         if overrides.get("engine.cuda_graphs", True):  # greedy, random, filtered x penalized or not x two buffers
-            assert len(rt.runner.graphs.graphs) == 12 * len(rt.runner.graphs.buckets)
+            assert len(rt.runner.graphs.graphs) == 16 * len(rt.runner.graphs.buckets)
             assert len(rt.runner.prefill_graphs.graphs) == len(rt.runner.prefill_graphs.buckets)
         del rt
         torch.cuda.empty_cache()

@@ -7,6 +7,7 @@ from qwen3_runtime.sampler import (
     NOISE_BITS,
     SamplingTensors,
     _top_k_top_p,
+    _top_k_top_p_selected,
     gumbel_from_bits,
     gumbel_noise,
     hash_bits,
@@ -262,3 +263,25 @@ def test_min_p_composes_with_top_k_and_spares_greedy_rows():
     both = _min_p_reference(logits[:1], 0.8, 0.3)[0].isfinite() & (logits[0] >= logits[0].topk(3).values[-1])
     assert torch.equal(kept, both) and 1 <= kept.sum() <= 3
     assert torch.equal(processed[1], logits[1])
+
+
+def test_selecting_the_top_k_equals_sorting_the_vocabulary():
+    """Rows of ties (few distinct values), -inf, -0.0 beside 0.0, huge values, rows without filters, top_k from 1
+    to the cap, with and without top-p: the same processed logits as the full sort."""
+    gen = torch.Generator().manual_seed(3)
+    vocab, cap = 3000, 128
+    rows = [
+        torch.randn(vocab, generator=gen) * 4,
+        torch.randint(-3, 3, (vocab,), generator=gen).float(),  # ties everywhere
+        torch.randn(vocab, generator=gen).masked_fill(torch.rand(vocab, generator=gen) < 0.5, float("-inf")),
+        torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0),  # zeros of both signs: all tied
+        torch.randn(vocab, generator=gen) * 3e38,
+        torch.randn(vocab, generator=gen),  # no filter: passes through
+    ]
+    logits = torch.stack(rows)
+    for top_k, top_p in (([1, 5, cap, 40, 2, -1], 1.0), ([7, cap, 3, 128, 64, -1], 0.7), ([cap] * 5 + [-1], 0.2)):
+        k = torch.tensor(top_k, dtype=torch.int64)
+        p = torch.tensor([top_p] * 5 + [1.0])
+        selected = _top_k_top_p_selected(logits, k, p, cap)
+        expected = torch.where((k > 0)[:, None], _top_k_top_p(logits, k, p), logits)
+        assert torch.equal(selected, expected), (top_k, top_p)
