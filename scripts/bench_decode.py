@@ -1,5 +1,7 @@
 """Decode speed: TPOT of greedy generation per batch size (random weights of a real Qwen3 shape), beside
-the weight-read floor and Hugging Face transformers' static-cache `generate`, all measured in this run.
+the weight-read floor, each batch's step floor (weights and K/V read at the copy bandwidth, or the FLOPs at
+the large-matmul rate, whichever is longer) and Hugging Face transformers' static-cache `generate`, all
+measured in this run.
 
 Usage: python -m scripts.bench_decode --config qwen3-4b --batch 1 8 32 64 [--quick]
     [--sampling greedy temperature filtered] --out DIR
@@ -23,10 +25,10 @@ import numpy as np
 import torch
 
 from qwen3_runtime import Runtime, SamplingParams
-from scripts.floors import weight_bytes
+from scripts.floors import decode_step_floor_s, weight_bytes
 from scripts.hf_reference import random_hf_model, static_cache_tpot
 from scripts.report import environment
-from scripts.timing import copy_bandwidth
+from scripts.timing import copy_bandwidth, matmul_rate
 
 # temperature: the unfiltered random graph variant (noise, no sort); filtered: the one that sorts; min_p: no sort.
 SAMPLING = {
@@ -88,10 +90,16 @@ def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:
         ]
         label = mode if sampling == "greedy" else f"{mode} {sampling}"
         stats = {"graphs": graphs, "capture_s": rt.runner.stats.capture_s, "sampling": sampling}
+        context = args.prompt_len + args.max_tokens // 2  # the mean over the run
+        floor = decode_step_floor_s(
+            rt.model.config, weight_bytes(rt.model), batch, context, rt.dtype.itemsize, args.bandwidth, args.rate
+        )
+        stats |= {"step_floor_ms": 1e3 * floor, "vs_step_floor": _medians(runs)["tpot_ms"] / (1e3 * floor)}
         rows.append({"mode": label, **_medians(runs), **stats})
         print(
             f"{args.config} {label} batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms  ITL {rows[-1]['itl_ms']:.2f} "
-            f"ms  TTFT {rows[-1]['ttft_ms']:.1f} ms  {rows[-1]['tokens_per_s']:.0f} tok/s",
+            f"ms  TTFT {rows[-1]['ttft_ms']:.1f} ms  {rows[-1]['tokens_per_s']:.0f} tok/s  step floor "
+            f"{rows[-1]['step_floor_ms']:.2f} ms (x{rows[-1]['vs_step_floor']:.2f})",
             flush=True,
         )
     nbytes = weight_bytes(rt.model)
@@ -193,7 +201,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.max_tokens, args.repeats, args.modes, args.hf_batch = 32, 1, ["graph-async"], args.hf_batch[:1]
-    bandwidth = copy_bandwidth()
+    bandwidth = args.bandwidth = copy_bandwidth()
+    args.rate = matmul_rate()
     rows = []
     for mode in args.modes:
         mode_rows, nbytes = ours(args, mode)
