@@ -10,8 +10,9 @@ from qwen3_runtime.memory_profile import worst_step_bytes
 WORST = dict(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.1, logprobs=20, ignore_eos=True)
 
 
-def test_the_profile_steps_run_and_leave_the_runner_as_it_was(make_runtime, tiny_checkpoint):
-    rt = make_runtime(tiny_checkpoint)
+@pytest.mark.parametrize("path", ["device", "host"])
+def test_the_profile_steps_run_and_leave_the_runner_as_it_was(make_runtime, tiny_checkpoint, path):
+    rt = make_runtime(tiny_checkpoint, logprobs__path=path)
     cache = rt.runner.kv_cache
     expected = rt.generate([[5, 6, 7]], SamplingParams(max_tokens=6, **WORST, seed=1))[0].token_ids
 
