@@ -59,6 +59,8 @@ def worst_step_bytes(runner: ModelRunner, config: Config, dtype: torch.dtype) ->
     runner.stats.reset()
     if runner.device.type == "cuda":
         torch.cuda.empty_cache()
+    if runner.device.type != "cuda":
+        return 0
     prefill_peak, decode_peak = peaks
     if on_host:
         prefill_peak += config.logprobs.prompt_chunk_size * arch.vocab_size * 4
