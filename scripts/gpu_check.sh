@@ -2,7 +2,7 @@
 # GPU tests and benchmarks, run on the H200 through the device tool; results land under $OUT.
 #   [QUICK=1] bash scripts/gpu_check.sh [tests] [repeat] [parity] [profile] [timeline] [decode] [kernels]
 #                                      [reduce] [lm_head] [logprobs] [sampling] [prefill] [prefill_e2e]
-#                                      [serving] [soak]   (serving and soak need the server's wheels)
+#                                      [sampled] [arrivals] [serving] [soak]   (serving and soak need the server's wheels)
 #   (default: all; QUICK=1: decode and logprobs with fewer tokens and repetitions, a few minutes)
 # Pass GIT_COMMIT=<sha> (the device machine has no .git) so results name their commit.
 set -uo pipefail
@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps carried wheels (/tmp/site) visible
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-if [ -n "${QUICK:-}" ]; then default="decode logprobs"; else default="tests repeat parity profile timeline decode kernels reduce lm_head logprobs sampling prefill prefill_e2e serving soak"; fi
+if [ -n "${QUICK:-}" ]; then default="decode logprobs"; else default="tests repeat parity profile timeline decode sampled kernels reduce lm_head logprobs sampling prefill prefill_e2e arrivals serving soak"; fi
 steps=${*:-$default}
 status=0
 run() { echo "== $*"; "$@" || { status=1; echo "!! failed: $*"; }; }
@@ -24,6 +24,8 @@ for step in $steps; do
     profile) run python3 -m scripts.profile_decode --config qwen3-4b --batch 1 8 32 64 --out "$OUT" ;;
     timeline) run python3 -m scripts.step_timeline --config qwen3-4b --batch 1 8 32 --out "$OUT" ;;
     decode) run python3 -m scripts.bench_decode --config qwen3-4b ${QUICK:+--quick} --out "$OUT" ;;
+    sampled) run python3 -m scripts.bench_decode --config qwen3-4b --quick --hf-batch --batch 1 8 32 64 128 256 \
+               --sampling greedy temperature filtered penalized min_p --out "$OUT/sampled" ;;
     kernels) run python3 -m scripts.bench_kernels --out "$OUT" ;;
     reduce) run python3 -m scripts.bench_reduce ${QUICK:+--quick} --out "$OUT" ;;
     lm_head) run python3 -m scripts.bench_lm_head --out "$OUT" ;;
@@ -31,6 +33,8 @@ for step in $steps; do
     sampling) run python3 -m scripts.sampling_check --out "$OUT" ;;
     prefill) run python3 -m scripts.bench_prefill_attention --out "$OUT" ;;
     prefill_e2e) run python3 -m scripts.bench_prefill --config qwen3-4b ${QUICK:+--quick} --out "$OUT" ;;
+    arrivals) run python3 -m scripts.bench_prefill --config qwen3-4b --parts arrivals \
+                --set engine.max_num_batched_tokens=512 --chunk-sizes 256 1024 --out "$OUT/arrivals" ;;
     serving) run python3 -m scripts.bench_serving --config qwen3-4b ${QUICK:+--quick} --out "$OUT/serving" ;;
     soak) run python3 -m scripts.soak --serve "$OUT/soak_server.log" --config qwen3-4b --requests 10000 \
             --concurrency 64 --replay-group 32 --out "$OUT/soak.json" ;;
