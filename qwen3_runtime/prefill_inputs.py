@@ -7,14 +7,13 @@ the device in one copy from a pinned host mirror."""
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import torch
 
 from qwen3_runtime.kv_cache import cache_slot
 from qwen3_runtime.ops.prefill_attention import PrefillPlan, max_tiles, tile_table, tile_tokens
 from qwen3_runtime.scheduler import PrefillChunk
+from qwen3_runtime.step_inputs import packed_views
 
 TOKEN_PADDING = np.array([0, 0, -1], dtype=np.int64)[:, None]  # input id, position, cache slot
 PADDING_TILE = np.array([-1, 0], dtype=np.int32)
@@ -35,13 +34,8 @@ class PrefillBuffers:
             ((max_tiles(max_tokens, max_seqs, block_q), 2), torch.int32),
             ((max_seqs, max_blocks), torch.int32),
         )
-        sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in shapes]  # multiples of 8 but the last two
-        self.buffer = torch.zeros(sum(sizes), dtype=torch.uint8, device=device, pin_memory=pin)
-        starts = np.cumsum([0] + sizes).tolist()
-        self.tokens, self.query_start_loc, self.seq_lens, self.tiles, self.block_tables = (
-            self.buffer[start : start + size].view(dtype).view(shape)
-            for start, size, (shape, dtype) in zip(starts, sizes, shapes)
-        )
+        self.buffer, views = packed_views(shapes, device, pin)
+        self.tokens, self.query_start_loc, self.seq_lens, self.tiles, self.block_tables = views
 
     def bytes_through_table(self, num_seqs: int) -> int:
         """Bytes up to the end of the first `num_seqs` block tables."""

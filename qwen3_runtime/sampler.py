@@ -87,16 +87,21 @@ def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor)
     """-inf outside each row's top-k and outside the smallest prefix holding top_p of the mass.
     The mass is summed in float64: in float32 the running sum over ~150k probabilities reaches
     1 early and masks tail tokens even at top_p = 1, which is therefore skipped outright."""
-    vocab = logits.shape[-1]
     sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
-    rank = torch.arange(vocab, device=logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k.long(), vocab)[:, None]
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, _filter_sorted(sorted_logits, top_k, top_p))
+
+
+def _filter_sorted(sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Rows in descending order (ties: the lower id first), -inf from each row's top_k-th on (top_k <= 0: off)
+    and past the smallest prefix holding top_p of what is left's mass, summed in float64."""
+    width = sorted_logits.shape[-1]
+    rank = torch.arange(width, device=sorted_logits.device)[None, :]
+    k = torch.where(top_k > 0, top_k.long(), width)[:, None]
     sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
     probs = sorted_logits.softmax(dim=-1, dtype=torch.float64)
     mass_before = probs.cumsum(dim=-1).sub_(probs)
     outside = (mass_before > top_p[:, None]) & (top_p < 1)[:, None]
-    sorted_logits = sorted_logits.masked_fill(outside, float("-inf"))
-    return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
+    return sorted_logits.masked_fill(outside, float("-inf"))
 
 
 def _top_k_top_p_selected(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, cap: int) -> torch.Tensor:
@@ -110,12 +115,8 @@ def _top_k_top_p_selected(logits: torch.Tensor, top_k: torch.Tensor, top_p: torc
     token = torch.arange(vocab, device=logits.device, dtype=torch.int64)
     keys = (ordered.long() << 32) | (vocab - 1 - token)
     ids = (vocab - 1) - (keys.topk(min(cap, vocab), dim=-1).values & _MASK32)
-    top = logits.gather(-1, ids)
-    rank = torch.arange(ids.shape[-1], device=logits.device)[None, :]
-    top = top.masked_fill(rank >= top_k[:, None], float("-inf"))
-    probs = top.softmax(dim=-1, dtype=torch.float64)
-    outside = (probs.cumsum(dim=-1).sub_(probs) > top_p[:, None]) & (top_p < 1)[:, None]
-    selected = torch.full_like(logits, float("-inf")).scatter(-1, ids, top.masked_fill(outside, float("-inf")))
+    top = _filter_sorted(logits.gather(-1, ids), top_k, top_p)
+    selected = torch.full_like(logits, float("-inf")).scatter(-1, ids, top)
     return torch.where(((top_k > 0) | (top_p < 1))[:, None], selected, logits)
 
 

@@ -33,6 +33,21 @@ INT_PADDING = np.array([PADDING[f] for f in INT_FIELDS], dtype=np.int64)[:, None
 FLOAT_PADDING = np.array([PADDING[f] for f in FLOAT_FIELDS], dtype=np.float32)[:, None]
 
 
+def packed_views(
+    shapes: tuple[tuple[tuple[int, ...], torch.dtype], ...], device: torch.device, pin: bool = False
+) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """One zeroed byte buffer holding a tensor of each (shape, dtype) back to back, and those views: inputs that
+    go to the device in one copy. Each size must keep the next tensor aligned (wider dtypes first)."""
+    sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in shapes]
+    buffer = torch.zeros(sum(sizes), dtype=torch.uint8, device=device, pin_memory=pin)
+    starts = np.cumsum([0] + sizes).tolist()
+    views = [
+        buffer[start : start + size].view(dtype).view(shape)
+        for start, size, (shape, dtype) in zip(starts, sizes, shapes)
+    ]
+    return buffer, views
+
+
 class RequestRow(NamedTuple):
     """A request's constant columns, staged when it takes a row rather than every step."""
 
@@ -74,13 +89,7 @@ class StepInputs:
             ((len(FLOAT_FIELDS), max_rows), torch.float32),
             ((max_rows, max_blocks), torch.int32),
         )
-        sizes = [math.prod(shape) * dtype.itemsize for shape, dtype in shapes]  # each a multiple of 8 but the last
-        buffer = torch.zeros(sum(sizes), dtype=torch.uint8, device=device, pin_memory=pin)
-        starts = np.cumsum([0] + sizes).tolist()
-        ints, floats, tables = (
-            buffer[start : start + size].view(dtype).view(shape)
-            for start, size, (shape, dtype) in zip(starts, sizes, shapes)
-        )
+        buffer, (ints, floats, tables) = packed_views(shapes, device, pin)
         rows = {**dict(zip(INT_FIELDS, ints)), **dict(zip(FLOAT_FIELDS, floats))}
         return cls(buffer, ints, floats, tables, **rows)
 

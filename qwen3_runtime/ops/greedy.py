@@ -82,8 +82,6 @@ def greedy_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     num_chunks = triton.cdiv(vocab, CHUNK)
     chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     chunk_id = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
-    peak = torch.empty(rows, dtype=torch.float32, device=logits.device)
-    token = torch.empty(rows, dtype=torch.int64, device=logits.device)
     if rows:
         _chunk_max_kernel[(rows, num_chunks)](
             logits,
@@ -96,6 +94,16 @@ def greedy_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             num_warps=8,
             **pdl_launch(logits),
         )
+    return reduce_chunks(chunk_max, chunk_id, vocab)
+
+
+def reduce_chunks(chunk_max: torch.Tensor, chunk_id: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stage 2 (row_max_kernel): each row's (largest value [B] f32, its token id [B] int64) from its chunks'
+    maxima and ids [B, num_chunks], chunks in id order."""
+    rows, num_chunks = chunk_max.shape
+    peak = torch.empty(rows, dtype=torch.float32, device=chunk_max.device)
+    token = torch.empty(rows, dtype=torch.int64, device=chunk_max.device)
+    if rows:
         row_max_kernel[(rows,)](
             chunk_max,
             chunk_id,
@@ -105,7 +113,7 @@ def greedy_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             vocab,
             BLOCK_CHUNKS=triton.next_power_of_2(num_chunks),
             num_warps=1,
-            **pdl_launch(logits),
+            **pdl_launch(chunk_max),
         )
     return peak, token
 

@@ -111,8 +111,6 @@ def gumbel_sample(
     num_chunks = triton.cdiv(vocab, CHUNK)
     chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=processed.device)
     chunk_id = torch.empty(rows, num_chunks, dtype=torch.int32, device=processed.device)
-    peak = torch.empty(rows, dtype=torch.float32, device=processed.device)  # written by the row reduce, unread
-    token = torch.empty(rows, dtype=torch.int64, device=processed.device)
     if rows:
         _chunk_kernel[(rows, num_chunks)](
             processed,
@@ -131,15 +129,4 @@ def gumbel_sample(
             num_warps=4,
             **pdl_launch(processed),
         )
-        greedy.row_max_kernel[(rows,)](
-            chunk_max,
-            chunk_id,
-            peak,
-            token,
-            num_chunks,
-            vocab,
-            BLOCK_CHUNKS=triton.next_power_of_2(num_chunks),
-            num_warps=1,
-            **pdl_launch(processed),
-        )
-    return token
+    return greedy.reduce_chunks(chunk_max, chunk_id, vocab)[1]
