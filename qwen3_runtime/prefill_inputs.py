@@ -53,9 +53,6 @@ class PrefillStager:
         pinned = device.type == "cuda"
         self.inputs = PrefillBuffers(max_tokens, max_seqs, max_blocks, self.block_q, device)
         self.host = PrefillBuffers(max_tokens, max_seqs, max_blocks, self.block_q, torch.device("cpu"), pinned)
-        for buffers in (self.inputs, self.host):  # what a capture's warm-up runs read: padding only
-            buffers.tokens.copy_(torch.as_tensor(TOKEN_PADDING))
-            buffers.tiles.copy_(torch.as_tensor(PADDING_TILE))
         self._host_copied = torch.cuda.Event() if pinned else None
         self._query_lens: list[int] = []
         self._seq_lens: list[int] = []
@@ -70,12 +67,12 @@ class PrefillStager:
         self._seq_lens = [c.end for c in chunks]
         num_tokens = sum(self._query_lens)
         tokens = host.tokens.numpy()
-        tokens[0, :num_tokens] = np.concatenate([c.req.tokens[c.start : c.end] for c in chunks])
-        positions = np.concatenate([np.arange(c.start, c.end) for c in chunks])
-        tokens[1, :num_tokens] = positions
-        tokens[2, :num_tokens] = np.concatenate(
-            [cache_slot(np.asarray(c.req.block_table), np.arange(c.start, c.end), self.block_size) for c in chunks]
-        )
+        if chunks:  # none: padding alone, what a graph capture runs on
+            tokens[0, :num_tokens] = np.concatenate([c.req.tokens[c.start : c.end] for c in chunks])
+            tokens[1, :num_tokens] = np.concatenate([np.arange(c.start, c.end) for c in chunks])
+            tokens[2, :num_tokens] = np.concatenate(
+                [cache_slot(np.asarray(c.req.block_table), np.arange(c.start, c.end), self.block_size) for c in chunks]
+            )
         tokens[:, num_tokens:padded_tokens] = TOKEN_PADDING
         starts, tiles = tile_table(self._query_lens, self._seq_lens, self.block_q)
         host.query_start_loc.numpy()[: len(starts)] = starts

@@ -107,6 +107,10 @@ class ModelRunner:
         """Run on this cache from now on; on a GPU, capture the decode and prefill graphs over it."""
         self.kv_cache = kv_cache
         if self.cuda_graphs:
+            # Captures run on padding alone: inputs left by an earlier step (the memory profile's) would send
+            # the warm-up runs to tokens and blocks outside a smaller bucket.
+            self.stager.stage([], self.graphs.buckets[-1])
+            self.prefill_stager.stage([], self.prefill_graphs.buckets[-1])
             start = time.perf_counter()
             with torch.inference_mode():
                 self.graphs.capture()

@@ -58,3 +58,14 @@ def test_the_copy_stops_after_the_chunks_block_tables(stager):
     assert stager.inputs.block_tables[0, 0].item() == 8
     assert (stager.inputs.block_tables[1:] == -9).all()
     assert np.array_equal(stager.inputs.tokens.numpy()[:, :16], stager.host.tokens.numpy()[:, :16])
+
+
+def test_staging_no_chunk_leaves_padding_alone(stager):
+    """What a graph capture runs on after an earlier prefill (the memory profile's) staged real tiles."""
+    stager.stage([_chunk(list(range(20)), [0, 1, 2, 3, 4], 0, 20)], padded_tokens=32)
+    stager.stage([], padded_tokens=32)
+
+    input_ids, positions, slots = stager.token_inputs(32)
+    assert input_ids.tolist() == positions.tolist() == [0] * 32 and slots.tolist() == [-1] * 32
+    plan = stager.plan(32)
+    assert (plan.tiles[:, 0] == -1).all() and plan.host_query_lens == plan.host_seq_lens == []
