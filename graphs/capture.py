@@ -63,6 +63,8 @@ class StepGraphs:
         padded_rows = self.padded_size(num_rows)
         captured = self.graphs.get((padded_rows, variant))
         if captured is None:
+            if self.graphs and variant not in self.variants:
+                raise KeyError(f"variant {variant!r} was not captured (variants: {self.variants})")
             return padded_rows, self.step(padded_rows, variant)
         graph, outputs = captured
         graph.replay()

@@ -45,3 +45,5 @@ def test_replay_reads_the_current_inputs():
         batch, out = graphs.run(rows, variant)
         expected = (x[:batch] * 2 + (variant == "plus")).sum(dim=1)
         torch.testing.assert_close(out, expected)
+    with pytest.raises(KeyError, match="not captured"):  # never a silent eager run in place of a replay
+        graphs.run(2, "minus")
