@@ -29,7 +29,7 @@ from qwen3_runtime.packing import pack, packed_width
 from qwen3_runtime.penalty_slots import PenaltySlots
 from qwen3_runtime.prefill_inputs import PrefillStager
 from qwen3_runtime.request import Request
-from qwen3_runtime.sampler import processed_logits, sample
+from qwen3_runtime.sampler import processed_logits, sample, sample_raw
 from qwen3_runtime.scheduler import PrefillChunk
 from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.step_inputs import InputStager, RequestRow
@@ -213,13 +213,18 @@ class ModelRunner:
         if variant == GREEDY:
             peak, tokens = greedy_max(penalized_logits)  # ties: the lower token id
             processed = penalized_logits
+        elif variant == RANDOM:  # the rows asking for processed logprobs get them written over their logits
+            params = inp.sampling(rows)
+            peak = penalized_logits.amax(dim=-1)
+            tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows])
+            processed = penalized_logits
         else:
             params = inp.sampling(rows)
             peak = penalized_logits.amax(dim=-1)
             cap = TOP_K_CAP if variant == TOP_K else None
-            processed = processed_logits(penalized_logits, params, peak, variant in (TOP_K, FILTERED), cap)
+            processed = processed_logits(penalized_logits, params, peak, filtered=True, top_k_cap=cap)
             tokens = sample(processed, params)
-        if processed is logits:  # greedy without penalties: raw and processed are the same
+        if processed is logits:  # no penalties, and any processed rows written over their raw logits
             lp_logits = logits
         else:
             lp_logits = torch.where(inp.processed[:rows, None] != 0, processed, logits)

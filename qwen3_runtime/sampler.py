@@ -52,19 +52,41 @@ def processed_logits(
     full-vocabulary sort, which would change nothing; min-p needs no sort and applies either way. top_k_cap,
     from a caller that knows every random row asking for top-k or top-p asks top_k <= top_k_cap: the rows' top
     top_k_cap tokens are selected instead of sorting the vocabulary (`_top_k_top_p_selected`)."""
-    temperature = params.temperature.clamp_min(GREEDY_BELOW)[:, None]
-    peak = (logits.amax(dim=-1) if peak is None else peak)[:, None]
-    shift = torch.where(peak.isfinite() & ~(peak / temperature).isfinite(), peak, 0.0)
-    scaled = (logits - shift) / temperature
-    # Scaling is monotonic, so the scaled row's largest value is the scaled peak: min-p needs no second reduction.
-    # A probability below min_p times the largest one is a scaled logit below the largest plus log(min_p).
-    floor = (peak - shift) / temperature + params.min_p.log()[:, None]
-    scaled = scaled.masked_fill(scaled < floor, float("-inf"))
+    temperature, shift, floor = _scaling(params, logits.amax(dim=-1) if peak is None else peak)
+    scaled = (logits - shift[:, None]) / temperature[:, None]
+    scaled = scaled.masked_fill(scaled < floor[:, None], float("-inf"))
     if filtered and top_k_cap is not None:
         scaled = _top_k_top_p_selected(scaled, params.top_k, params.top_p, top_k_cap)
     elif filtered:
         scaled = _top_k_top_p(scaled, params.top_k, params.top_p)
     return torch.where(random_rows(params)[:, None], scaled, logits)
+
+
+def sample_raw(
+    logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor, write_rows: torch.Tensor
+) -> torch.Tensor:
+    """sample(processed_logits(logits, params, peak, filtered=False), params), for a batch with no top-k or
+    top-p, without building the processed logits: on the GPU one pass forms each token's processed value, its
+    noise and the argmax. Rows with write_rows != 0 get their processed logits written over `logits`."""
+    if use_triton(logits):
+        _, shift, floor = _scaling(params, peak)
+        transform = (shift, floor, write_rows)
+        return gumbel_sample(
+            logits, params.temperature, params.seed, params.position, GREEDY_BELOW, NOISE_BITS, transform
+        )
+    processed = processed_logits(logits, params, peak, filtered=False)
+    logits.copy_(torch.where((write_rows != 0)[:, None], processed, logits))
+    return sample_reference(processed, params)
+
+
+def _scaling(params: SamplingTensors, peak: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per row [B]: the temperature (clamped), the shift that keeps a row whose peak / temperature overflows
+    finite (the same distribution), and the min-p floor of the scaled values. Scaling is monotonic, so the
+    scaled row's largest value is the scaled peak: a probability below min_p times the largest one is a scaled
+    logit below the largest plus log(min_p), and min-p needs no second reduction."""
+    temperature = params.temperature.clamp_min(GREEDY_BELOW)
+    shift = torch.where(peak.isfinite() & ~(peak / temperature).isfinite(), peak, 0.0)
+    return temperature, shift, (peak - shift) / temperature + params.min_p.log()
 
 
 def sample(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:

@@ -8,6 +8,11 @@ each token's noise (bit-identical hash to sampler.hash_bits, the same float step
 sampler.gumbel_from_bits; none on greedy rows), added to its logit, and the chunk's largest sum with its
 lowest id (largest_first: NaN counts as the largest value and the first NaN's id wins, as in
 torch.argmax). Stage 2 is greedy decoding's own row reduce over the chunks.
+
+With a row transform (shift, floor; sampler.sample_raw), the kernel reads raw logits and forms the processed
+value of each token itself, as sampler.processed_logits does without top-k/top-p: (x - shift) / temperature,
+-inf below the floor (min-p). Rows flagged in `write_rows` get those values stored over their logits (their
+logprobs are of the processed distribution); the [B, V] processed tensor is never built for the others.
 """
 
 from __future__ import annotations
@@ -66,6 +71,9 @@ def _chunk_kernel(
     temperature_ptr,
     seed_ptr,
     position_ptr,
+    shift_ptr,
+    floor_ptr,
+    write_ptr,
     chunk_max_ptr,
     chunk_id_ptr,
     vocab,
@@ -74,6 +82,7 @@ def _chunk_kernel(
     greedy_below,
     NOISE_BITS: tl.constexpr,
     CHUNK: tl.constexpr,
+    TRANSFORM: tl.constexpr,
     LIBDEVICE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -85,8 +94,17 @@ def _chunk_kernel(
     x = tl.load(logits_ptr + row * stride_row + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
     key = row_key(tl.load(seed_ptr + row), tl.load(position_ptr + row))
     noise = gumbel_from_bits(token_bits(key, ids) >> (32 - NOISE_BITS), NOISE_BITS, LIBDEVICE)
-    is_random = tl.load(temperature_ptr + row) >= greedy_below
-    peak, first = largest_first(tl.where(is_random, x + noise, x), ids, vocab)
+    temperature = tl.load(temperature_ptr + row)
+    is_random = temperature >= greedy_below
+    processed = x
+    if TRANSFORM:
+        if is_random:
+            # IEEE division, as torch's: the processed values are bit-identical to sampler.processed_logits's.
+            processed = tl.math.div_rn(x - tl.load(shift_ptr + row), temperature)
+            processed = tl.where(processed < tl.load(floor_ptr + row), float("-inf"), processed)
+            if tl.load(write_ptr + row) != 0:
+                tl.store(logits_ptr + row * stride_row + ids, processed, mask=ids < vocab)
+    peak, first = largest_first(tl.where(is_random, processed + noise, x), ids, vocab)
     tl.store(chunk_max_ptr + row * num_chunks + chunk, peak)
     tl.store(chunk_id_ptr + row * num_chunks + chunk, first)
     if USE_PDL:
@@ -100,14 +118,20 @@ def gumbel_sample(
     position: torch.Tensor,
     greedy_below: float,
     noise_bits: int,
+    transform: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Token ids [B] int64: argmax over each row of fp32 `processed` [B, V] plus the row's Gumbel noise, or
     of `processed` alone where temperature < greedy_below. Ties go to the lower id; a row holding a NaN
-    gets its first NaN's id. Allocates only by (B, V): capturable in a CUDA graph."""
+    gets its first NaN's id. `transform` (shift [B] f32, floor [B] f32, write_rows [B] int): `processed` holds
+    raw logits, and random rows sample from (x - shift) / temperature, -inf below floor; rows with write_rows
+    != 0 get those values written over theirs. Allocates only by (B, V): capturable in a CUDA graph."""
     rows, vocab = processed.shape
     assert processed.dtype == torch.float32 and processed.stride(1) == 1 and noise_bits <= 23
     assert seed.dtype == position.dtype == torch.int64 and temperature.dtype == torch.float32
     assert temperature.stride() == seed.stride() == position.stride() == (1,)
+    if transform is not None:
+        assert all(t.shape == (rows,) and t.stride() == (1,) for t in transform)
+        assert transform[0].dtype == transform[1].dtype == torch.float32
     num_chunks = triton.cdiv(vocab, CHUNK)
     chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=processed.device)
     chunk_id = torch.empty(rows, num_chunks, dtype=torch.int32, device=processed.device)
@@ -117,6 +141,7 @@ def gumbel_sample(
             temperature,
             seed,
             position,
+            *(transform or (temperature,) * 3),  # unread without TRANSFORM
             chunk_max,
             chunk_id,
             vocab,
@@ -125,6 +150,7 @@ def gumbel_sample(
             greedy_below,
             NOISE_BITS=noise_bits,
             CHUNK=CHUNK,
+            TRANSFORM=transform is not None,
             LIBDEVICE=not TRITON_INTERPRET,
             num_warps=4,
             **pdl_launch(processed),

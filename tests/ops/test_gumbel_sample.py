@@ -16,7 +16,9 @@ from qwen3_runtime.sampler import (
     SamplingTensors,
     gumbel_noise,
     hash_bits,
+    processed_logits,
     sample,
+    sample_raw,
     sample_reference,
 )
 
@@ -195,3 +197,32 @@ def test_matches_the_reference_on_gpu_at_qwen3_vocab(rows):
     params.seed[0], params.position[0] = EXTREME
     tokens = _check(processed, params)
     assert torch.isfinite(processed[torch.arange(rows), tokens]).all()
+
+
+@pytest.mark.parametrize("vocab", [100, 2 * CHUNK + 77])
+def test_raw_logits_sample_as_their_processed_ones_and_flagged_rows_are_written(vocab):
+    """sample_raw (the kernel's scaling, min-p and noise in one pass) against sample(processed_logits(...)):
+    the same tokens, and the rows flagged for processed logprobs hold processed_logits's values bit for bit.
+    Rows: greedy, plain temperature, min-p, a huge peak (shifted), a -inf and a NaN row."""
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randn(7, vocab, generator=gen) * 3
+    logits[3, 5] = 3e38
+    logits[4, ::3] = float("-inf")
+    logits[5, vocab // 2] = float("nan")
+    params = _params(7, seed=vocab)
+    params.temperature.copy_(torch.tensor([0.0, 1.0, 0.7, 1e-3, 1.3, 0.5, 2.0]))
+    params.min_p.copy_(torch.tensor([0.0, 0.0, 0.1, 0.0, 0.05, 0.0, 0.9]))
+    write_rows = torch.tensor([1, 0, 1, 1, 1, 0, 1])
+    peak = logits.amax(dim=-1)
+    processed = processed_logits(logits, params, peak, filtered=False)
+    expected = _check(processed, params)
+
+    raw = logits.clone()
+    tokens = sample_raw(raw, params, peak, write_rows)
+
+    clear = _top2_gap(processed, params) > NEAR_TIE
+    assert torch.equal(tokens[clear], expected[clear])
+    flagged = write_rows != 0
+    assert torch.equal(raw[flagged].isnan(), processed[flagged].isnan())
+    assert torch.equal(raw[flagged].nan_to_num(), processed[flagged].nan_to_num())
+    assert torch.equal(raw[~flagged].nan_to_num(), logits[~flagged].nan_to_num())
