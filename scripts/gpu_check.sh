@@ -2,7 +2,8 @@
 # GPU tests and benchmarks, run on the H200 through the device tool; results land under $OUT.
 #   [QUICK=1] bash scripts/gpu_check.sh [tests] [repeat] [parity] [profile] [timeline] [decode] [kernels]
 #                                      [reduce] [lm_head] [logprobs] [sampling] [prefill] [prefill_e2e]
-#                                      [sampled] [arrivals] [serving] [soak]   (serving and soak need the server's wheels)
+#                                      [sampled] [arrivals] [serving] [soak] [soak_replay]
+#   (serving and soak need the server's wheels)
 #   (default: all; QUICK=1: decode and logprobs with fewer tokens and repetitions, a few minutes)
 # Pass GIT_COMMIT=<sha> (the device machine has no .git) so results name their commit.
 set -uo pipefail
@@ -10,7 +11,7 @@ cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1  # keeps carried wheels (/tmp/site) visible
 OUT=${OUT:-$PWD/out}
 mkdir -p "$OUT"
-if [ -n "${QUICK:-}" ]; then default="decode logprobs"; else default="tests repeat parity profile timeline decode sampled kernels reduce lm_head logprobs sampling prefill prefill_e2e arrivals serving soak"; fi
+if [ -n "${QUICK:-}" ]; then default="decode logprobs"; else default="tests repeat parity profile timeline decode sampled kernels reduce lm_head logprobs sampling prefill prefill_e2e arrivals serving soak soak_replay"; fi
 steps=${*:-$default}
 status=0
 run() { echo "== $*"; "$@" || { status=1; echo "!! failed: $*"; }; }
@@ -36,8 +37,12 @@ for step in $steps; do
     arrivals) run python3 -m scripts.bench_prefill --config qwen3-4b --parts arrivals \
                 --set engine.max_num_batched_tokens=512 --chunk-sizes 256 1024 --out "$OUT/arrivals" ;;
     serving) run python3 -m scripts.bench_serving --config qwen3-4b ${QUICK:+--quick} --out "$OUT/serving" ;;
+    # The 10,000-request soak outlasts one device call: the load (its results kept on the machine's disk),
+    # then, in the next call while the machine is warm, the offline replay and every check.
     soak) run python3 -m scripts.soak --serve "$OUT/soak_server.log" --config qwen3-4b --requests 10000 \
-            --concurrency 64 --replay-group 32 --out "$OUT/soak.json" ;;
+            --concurrency 64 --save /tmp/soak_load.pkl --replay-max 0 --out "$OUT/soak_load.json" ;;
+    soak_replay) run python3 -m scripts.soak --replay-from /tmp/soak_load.pkl --config qwen3-4b --replay-group 64 \
+                   --out "$OUT/soak.json" ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

@@ -11,13 +11,15 @@ checks, printed as figures (exit status 1 if any fails):
 Usage: python -m scripts.soak --url http://127.0.0.1:8000 --config tiny --set engine.num_kv_blocks=48 \\
            --requests 300 --concurrency 16 --out soak.json
 `--config` / `--set` must be the server's, for the offline replay; with `--serve LOG` the soak starts that server
-itself (on a free loopback port, its output to LOG) and stops it at the end."""
+itself (on a free loopback port, its output to LOG) and stops it at the end. A run longer than one sitting splits
+in two: `--save FILE --replay-max 0` keeps what the load saw, then `--replay-from FILE` replays and checks it."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 import json
+import pickle
 import sys
 import time
 from pathlib import Path
@@ -56,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rss-growth-mb", type=float, default=200.0, help="... or MB, whichever is larger")
     p.add_argument("--gpu-growth-mb", type=float, default=64.0)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--save", type=Path, default=None, help="keep the load's results and metrics (pickle)")
+    p.add_argument("--replay-from", type=Path, default=None, help="no load: replay and check a --save file")
     p.add_argument("--out", default=None, help="write the figures and mismatches as JSON")
     args = p.parse_args(argv)
     if httpx.URL(args.url).host not in ("127.0.0.1", "localhost", "::1"):
@@ -119,13 +123,19 @@ def model_limits(args: argparse.Namespace) -> Limits:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.serve is not None:
+    if args.replay_from is not None:
+        results, wall, before, after = pickle.loads(args.replay_from.read_bytes())
+    elif args.serve is not None:
         with server(args.config, "device", args.set, args.serve) as args.url:
             results, wall, before, after = asyncio.run(soak(args))
     else:
         results, wall, before, after = asyncio.run(soak(args))
+    if args.save is not None:
+        args.save.write_bytes(pickle.dumps((results, wall, before, after)))
     t = time.perf_counter()
-    comparer = replay(results, args.config, overrides(args), args.tol, args.replay_group, args.replay_max)
+    comparer = None  # --replay-max 0: a load kept (--save) to be replayed later
+    if args.replay_max != 0:
+        comparer = replay(results, args.config, overrides(args), args.tol, args.replay_group, args.replay_max)
     replay_s = time.perf_counter() - t
     checks = Checks()
     figures = summarize(results, wall, comparer, checks)

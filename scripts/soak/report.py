@@ -61,7 +61,7 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))] * 1000 if xs else float("nan")
 
 
-def summarize(results: list[Result], wall: float, comparer: Comparer, checks: Checks) -> dict:
+def summarize(results: list[Result], wall: float, comparer: Comparer | None, checks: Checks) -> dict:
     by_kind = Counter((r.spec.kind, r.outcome) for r in results)
     print(f"{'kind':<32} outcomes")
     for kind in sorted({k for k, _ in by_kind}):
@@ -80,12 +80,15 @@ def summarize(results: list[Result], wall: float, comparer: Comparer, checks: Ch
     checks.add("bad requests: 400 naming the parameter", len(named) == len(bad), f"{len(named)} of {len(bad)}")
     for r in [r for r in bad if r not in named][:5]:
         print(f"  bad {r.spec.bad_param}: {r.outcome} status {r.status} param {r.error_param}: {r.detail}")
-    checks.add(
-        "replay: outputs equal the offline engine's",
-        not comparer.mismatches and comparer.tokens > 0,
-        f"{len(comparer.mismatches)} mismatches; {comparer.tokens} tokens, {comparer.logprobs} logprobs compared",
-    )
-    for m in comparer.mismatches[:8]:
+    if comparer is None:
+        print("replay: not run (--replay-max 0)")
+    else:
+        checks.add(
+            "replay: outputs equal the offline engine's",
+            not comparer.mismatches and comparer.tokens > 0,
+            f"{len(comparer.mismatches)} mismatches; {comparer.tokens} tokens, {comparer.logprobs} logprobs compared",
+        )
+    for m in comparer.mismatches[:8] if comparer else []:
         print(
             f"  request {m.request} choice {m.choice} {m.what}:\n    server  {m.got!r:.300}\n    offline {m.want!r:.300}"
         )

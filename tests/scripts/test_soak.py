@@ -19,13 +19,21 @@ def test_soak_passes(tmp_path):
         cmd = [sys.executable, "-m", "scripts.soak", "--url", url, "--set", KV_BLOCKS, "--requests", "100"]
         cmd += ["--concurrency", "8", "--max-tokens", "4", "--burst-every", "40", "--burst-size", "4"]
         cmd += ["--deadline", "120", "--replay-max", "30", "--replay-group", "8", "--out", str(out)]
-        run = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        run = subprocess.run(cmd + ["--save", str(tmp_path / "load.pkl")], cwd=ROOT, env=env, capture_output=True,
+                             text=True, timeout=600)  # fmt: skip
     finally:
         proc.kill()
         proc.wait()
     print(run.stdout)
     assert run.returncode == 0, run.stdout[-6000:] + run.stderr[-3000:]
     figures = json.loads(out.read_text())["figures"]
+    # The same checks from the saved load, with no server (a soak split over two sittings).
+    again = tmp_path / "again.json"
+    cmd[cmd.index(str(out))] = str(again)
+    rerun = subprocess.run(cmd + ["--replay-from", str(tmp_path / "load.pkl")], cwd=ROOT, env=env,
+                           capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert rerun.returncode == 0, rerun.stdout[-6000:] + rerun.stderr[-3000:]
+    assert json.loads(again.read_text())["checks"] == json.loads(out.read_text())["checks"]
     assert figures["requests"] >= 100
     assert figures["leaks"]["kv_blocks_free"] == figures["leaks"]["kv_blocks_total"] == 32
     assert "preemptions" in figures["leaks"]  # reported; the CI version's 4-token outputs rarely preempt
