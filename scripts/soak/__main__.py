@@ -51,6 +51,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--duration-limit", type=float, default=1800.0, help="stop sending new requests after S s")
     p.add_argument("--tol", type=float, default=1e-4, help="logprobs' absolute tolerance in the replay")
     p.add_argument(
+        "--tie-tol", type=float, default=1e-4, help="a greedy output may diverge where the top two are this close"
+    )
+    p.add_argument(
         "--replay-group", type=int, default=1, help="requests the offline Runtime runs together (1: each alone)"
     )
     p.add_argument("--replay-max", type=int, default=-1, help="replay the first N reproducible requests (-1: all)")
@@ -135,7 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     t = time.perf_counter()
     comparer = None  # --replay-max 0: a load kept (--save) to be replayed later
     if args.replay_max != 0:
-        comparer = replay(results, args.config, overrides(args), args.tol, args.replay_group, args.replay_max)
+        comparer = replay(
+            results, args.config, overrides(args), args.tol, args.tie_tol, args.replay_group, args.replay_max
+        )
     replay_s = time.perf_counter() - t
     checks = Checks()
     figures = summarize(results, wall, comparer, checks)

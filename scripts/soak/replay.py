@@ -1,12 +1,18 @@
 """Replays the greedy and seeded requests that completed through the offline Runtime (same config, a few
 requests at a time) and compares: text, finish reasons and tokens exactly; logprobs within `tol`.
 
+One exception, the only one rounding allows: a greedy output may leave the offline one where the offline top two
+tokens are within `tie_tol` (a near-tie: in another batch the matmuls round differently, on the GPU the more so).
+Such a choice is compared up to that token and counted as diverged; greedy items ask the offline engine for at
+least two logprobs to tell.
+
 The server does not send token ids, so a token is compared by what it sends for it: its string (completions'
 `tokens`, top_logprobs keys), its bytes (chat) or its id (prompt_logprobs)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, replace
 
 from qwen3_runtime import Runtime, SamplingParams
 from qwen3_runtime.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -19,6 +25,7 @@ class Item:
     choice: int
     prompt: list[int]
     params: SamplingParams
+    asked_logprobs: int | None  # the request's; params.logprobs may be more (a greedy item's runner-up)
 
 
 @dataclass
@@ -47,7 +54,10 @@ def engine_inputs(result: Result, tok: Tokenizer) -> list[Item]:
     items = []
     for j in range(b.get("n", 1)):
         seed = None if b.get("seed") is None else b["seed"] + j
-        items.append(Item(result, j, list(prompt), SamplingParams(seed=seed, **sampling, **fields)))
+        params = SamplingParams(seed=seed, **sampling, **fields)
+        if params.greedy:
+            params = replace(params, logprobs=max(params.logprobs or 0, 2))
+        items.append(Item(result, j, list(prompt), params, fields["logprobs"]))
     return items
 
 
@@ -58,10 +68,11 @@ def detokenize(tok: Tokenizer, ids: list[int]) -> tuple[str, list[int]]:
 
 
 class Comparer:
-    def __init__(self, tok: Tokenizer, tol: float) -> None:
-        self.tok, self.tol = tok, tol
+    def __init__(self, tok: Tokenizer, tol: float, tie_tol: float) -> None:
+        self.tok, self.tol, self.tie_tol = tok, tol, tie_tol
         self.mismatches: list[Mismatch] = []
         self.tokens = self.logprobs = 0  # compared
+        self.diverged = 0  # greedy choices that left the offline output at a near-tie
 
     def _bad(self, item: Item, what: str, got: object, want: object) -> None:
         self.mismatches.append(Mismatch(item.result.spec.index, item.choice, what, got, want))
@@ -72,7 +83,7 @@ class Comparer:
 
     def compare(self, item: Item, out) -> None:
         spec, c = item.result.spec, item.result.choices[item.choice]
-        full, _ = detokenize(self.tok, out.token_ids)
+        full, offsets = detokenize(self.tok, out.token_ids)
         stops = [
             s
             for s in ([spec.body["stop"]] if isinstance(spec.body.get("stop"), str) else spec.body.get("stop") or [])
@@ -81,39 +92,62 @@ class Comparer:
         cut = min((i for i in (full.find(s) for s in stops) if i >= 0), default=None)
         want_text, want_finish = (full, out.finish_reason) if cut is None else (full[:cut], "stop")
         prefix = detokenize(self.tok, item.prompt)[0] if spec.body.get("echo") else ""
+        upto = None  # tokens compared, where the output diverged at a near-tie
         if c.text != prefix + want_text:
-            self._bad(item, "text", c.text, prefix + want_text)
-        if c.finish_reason != want_finish:
+            upto = self._near_tie(item, out, c.text, prefix, want_text, offsets)
+            if upto is None:
+                self._bad(item, "text", c.text, prefix + want_text)
+            else:
+                self.diverged += 1
+        if upto is None and c.finish_reason != want_finish:
             self._bad(item, "finish_reason", c.finish_reason, want_finish)
-        self.tokens += len(out.token_ids)
+        self.tokens += len(out.token_ids) if upto is None else upto
         if c.logprobs is not None:
             n_prompt = len(item.prompt) if spec.body.get("echo") else 0
             check = self._chat_logprobs if spec.route == "chat" else self._completion_logprobs
-            check(item, c, out, n_prompt, cut is None)
+            check(item, c, out, n_prompt, cut is None and upto is None, upto)
         if spec.body.get("prompt_logprobs") is not None:
             self._prompt_logprobs(item, c, out)
 
-    def _completion_logprobs(self, item: Item, c: Choice, out, n_prompt: int, whole: bool) -> None:
-        tokens, values = c.logprobs["tokens"][n_prompt:], c.logprobs["token_logprobs"][n_prompt:]
-        tops = c.logprobs["top_logprobs"][n_prompt:]
-        want = self.tok.token_strings(out.token_ids)
+    def _near_tie(self, item: Item, out, text: str, prefix: str, want: str, offsets: list[int]) -> int | None:
+        """The offline token where a greedy choice's text departs from the offline text, if the offline top two
+        there are within tie_tol: the number of tokens still comparable. None: not such a divergence."""
+        if not item.params.greedy or not text.startswith(prefix) or not out.logprobs:
+            return None
+        got = text[len(prefix) :]
+        first = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), min(len(got), len(want)))
+        # The offline tokens that produce that character (a token may end mid-character: the next one completes it).
+        candidates = range(max(0, bisect.bisect_left(offsets, first) - 1), bisect.bisect_right(offsets, first))
+        for token in candidates:
+            top = out.logprobs[token].top_logprobs if token < len(out.logprobs) else []
+            if len(top) >= 2 and top[0] - top[1] <= self.tie_tol:
+                return token
+        return None
+
+    def _completion_logprobs(
+        self, item: Item, c: Choice, out, n_prompt: int, whole: bool, upto: int | None = None
+    ) -> None:
+        tokens, values = c.logprobs["tokens"][n_prompt:][:upto], c.logprobs["token_logprobs"][n_prompt:][:upto]
+        tops = c.logprobs["top_logprobs"][n_prompt:][:upto]
+        want = self.tok.token_strings(out.token_ids)[:upto]
         if tokens != want[: len(tokens)] or (whole and len(tokens) != len(want)):
             return self._bad(item, "logprobs.tokens", tokens, want)
         for i, (v, top, lp) in enumerate(zip(values, tops, out.logprobs)):
             if not self._close(v, lp.logprob):
                 self._bad(item, f"token_logprobs[{i}]", v, lp.logprob)
             want_top: dict[str, float] = {}
-            for t, x in zip(self.tok.token_strings(lp.top_ids), lp.top_logprobs):
+            k = item.asked_logprobs
+            for t, x in zip(self.tok.token_strings(lp.top_ids[:k]), lp.top_logprobs[:k]):
                 want_top.setdefault(t, x)
             if set(top) != set(want_top) or not all(self._close(top[k], want_top[k]) for k in top):
                 self._bad(item, f"top_logprobs[{i}]", top, want_top)
 
-    def _chat_logprobs(self, item: Item, c: Choice, out, n_prompt: int, whole: bool) -> None:
-        content = c.logprobs["content"]
+    def _chat_logprobs(self, item: Item, c: Choice, out, n_prompt: int, whole: bool, upto: int | None = None) -> None:
+        content, k = c.logprobs["content"][:upto], item.asked_logprobs
         if whole and len(content) != len(out.token_ids):
             return self._bad(item, "logprobs.content length", len(content), len(out.token_ids))
         for i, (entry, t, lp) in enumerate(zip(content, out.token_ids, out.logprobs)):
-            want_top = [(list(self.tok.token_bytes(x)), v) for x, v in zip(lp.top_ids, lp.top_logprobs)]
+            want_top = [(list(self.tok.token_bytes(x)), v) for x, v in zip(lp.top_ids[:k], lp.top_logprobs[:k])]
             got_top = [(e["bytes"], e["logprob"]) for e in entry["top_logprobs"]]
             same_top = [b for b, _ in got_top] == [b for b, _ in want_top] and all(
                 self._close(g, w) for (_, g), (_, w) in zip(got_top, want_top)
@@ -137,10 +171,12 @@ class Comparer:
                 self._bad(item, f"prompt_logprobs[{i}]", g, expect)
 
 
-def replay(results: list[Result], config: str, overrides: dict, tol: float, group: int, limit: int) -> Comparer:
+def replay(
+    results: list[Result], config: str, overrides: dict, tol: float, tie_tol: float, group: int, limit: int
+) -> Comparer:
     """Replays the first `limit` reproducible requests that completed (-1: all), `group` at a time."""
     rt = Runtime.from_yaml(config, overrides)
-    comparer = Comparer(rt.tokenizer, tol)
+    comparer = Comparer(rt.tokenizer, tol, tie_tol)
     done = [r for r in results if r.spec.reproducible and r.outcome == "ok"]
     items = [it for r in done[: limit if limit >= 0 else None] for it in engine_inputs(r, rt.tokenizer)]
     for start in range(0, len(items), group):

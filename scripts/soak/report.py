@@ -86,7 +86,8 @@ def summarize(results: list[Result], wall: float, comparer: Comparer | None, che
         checks.add(
             "replay: outputs equal the offline engine's",
             not comparer.mismatches and comparer.tokens > 0,
-            f"{len(comparer.mismatches)} mismatches; {comparer.tokens} tokens, {comparer.logprobs} logprobs compared",
+            f"{len(comparer.mismatches)} mismatches; {comparer.tokens} tokens, {comparer.logprobs} logprobs compared; "
+            f"{comparer.diverged} greedy outputs diverged at a near-tie",
         )
     for m in comparer.mismatches[:8] if comparer else []:
         print(
