@@ -29,14 +29,14 @@ from qwen3_runtime.packing import pack, packed_width
 from qwen3_runtime.penalty_slots import PenaltySlots
 from qwen3_runtime.prefill_inputs import PrefillStager
 from qwen3_runtime.request import Request
-from qwen3_runtime.sampler import processed_logits, sample, sample_raw
+from qwen3_runtime.sampler import filter_cutoffs, sample_raw
 from qwen3_runtime.scheduler import PrefillChunk
 from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.step_inputs import InputStager, RequestRow
 from qwen3_runtime.step_output import StepOutputs
 
 # Graph variants: greedy batches draw no noise; random rows asking for top-k (at most TOP_K_CAP) select their
-# top tokens; only a batch with a random row asking for top-p alone, or a larger top-k, sorts the vocabulary.
+# top order keys; only a batch with a random row asking for top-p alone, or a larger top-k, sorts the keys.
 # Each comes penalized or not: only batches with a penalized row take the penalties' pass over the logits.
 GREEDY, RANDOM, TOP_K, FILTERED = "greedy", "random", "top_k", "filtered"
 TOP_K_CAP = 128
@@ -212,22 +212,16 @@ class ModelRunner:
         penalized_logits = self.penalties.apply(logits, inp, rows) if penalized else logits
         if variant == GREEDY:
             peak, tokens = greedy_max(penalized_logits)  # ties: the lower token id
-            processed = penalized_logits
-        elif variant == RANDOM:  # the rows asking for processed logprobs get them written over their logits
+        else:  # the rows asking for processed logprobs get them written over their (penalized) logits
             params = inp.sampling(rows)
             peak = penalized_logits.amax(dim=-1)
-            tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows])
-            processed = penalized_logits
-        else:
-            params = inp.sampling(rows)
-            peak = penalized_logits.amax(dim=-1)
-            cap = TOP_K_CAP if variant == TOP_K else None
-            processed = processed_logits(penalized_logits, params, peak, filtered=True, top_k_cap=cap)
-            tokens = sample(processed, params)
-        if processed is logits:  # no penalties, and any processed rows written over their raw logits
-            lp_logits = logits
-        else:
-            lp_logits = torch.where(inp.processed[:rows, None] != 0, processed, logits)
+            cutoff = None
+            if variant != RANDOM:  # top-k and top-p: the keys' selection (TOP_K) or sort (FILTERED)
+                cutoff = filter_cutoffs(penalized_logits, params, peak, TOP_K_CAP if variant == TOP_K else None)
+            tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows], cutoff)
+        lp_logits = logits  # raw logprobs are of the logits before penalties, processed ones of what was sampled
+        if penalized:
+            lp_logits = torch.where(inp.processed[:rows, None] != 0, penalized_logits, logits)
         out = self.logprobs.head(rows)
         reduce_logprobs(
             lp_logits, tokens, inp.num_top[:rows], self.routing.k_max, row_mask=inp.wants_logprobs[:rows], out=out

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from qwen3_runtime.ops import use_triton
-from qwen3_runtime.ops.gumbel_sample import gumbel_sample
+from qwen3_runtime.ops.gumbel_sample import gumbel_sample, order_keys
 
 _MASK32 = 0xFFFFFFFF
 # Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
@@ -39,44 +39,84 @@ def random_rows(params: SamplingTensors) -> torch.Tensor:
 
 
 def processed_logits(
-    logits: torch.Tensor,
-    params: SamplingTensors,
-    peak: torch.Tensor | None = None,
-    filtered: bool = True,
-    top_k_cap: int | None = None,
+    logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor | None = None, filtered: bool = True
 ) -> torch.Tensor:
-    """What random rows sample from: logits / temperature, -inf below min-p and outside top-k and top-p (vLLM's
-    order). Greedy rows (temperature < GREEDY_BELOW) keep their logits. A row whose largest logit (`peak` [B],
-    when the caller has it) would overflow when scaled is shifted by it first (the same distribution, but
-    finite). filtered=False, from a caller that knows no random row asks for top-k or top-p, skips the
-    full-vocabulary sort, which would change nothing; min-p needs no sort and applies either way. top_k_cap,
-    from a caller that knows every random row asking for top-k or top-p asks top_k <= top_k_cap: the rows' top
-    top_k_cap tokens are selected instead of sorting the vocabulary (`_top_k_top_p_selected`)."""
+    """What random rows sample from, in PyTorch with a full sort (the reference sample_raw is held to):
+    logits / temperature, -inf below min-p and outside top-k and top-p (vLLM's order). Greedy rows (temperature
+    < GREEDY_BELOW) keep their logits. A row whose largest logit (`peak` [B], when the caller has it) would
+    overflow when scaled is shifted by it first (the same distribution, but finite). filtered=False, from a
+    caller that knows no random row asks for top-k or top-p, skips the sort, which would change nothing."""
     temperature, shift, floor = _scaling(params, logits.amax(dim=-1) if peak is None else peak)
     scaled = (logits - shift[:, None]) / temperature[:, None]
     scaled = scaled.masked_fill(scaled < floor[:, None], float("-inf"))
-    if filtered and top_k_cap is not None:
-        scaled = _top_k_top_p_selected(scaled, params.top_k, params.top_p, top_k_cap)
-    elif filtered:
+    if filtered:
         scaled = _top_k_top_p(scaled, params.top_k, params.top_p)
     return torch.where(random_rows(params)[:, None], scaled, logits)
 
 
 def sample_raw(
-    logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor, write_rows: torch.Tensor
+    logits: torch.Tensor,
+    params: SamplingTensors,
+    peak: torch.Tensor,
+    write_rows: torch.Tensor,
+    cutoff: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """sample(processed_logits(logits, params, peak, filtered=False), params), for a batch with no top-k or
-    top-p, without building the processed logits: on the GPU one pass forms each token's processed value, its
-    noise and the argmax. Rows with write_rows != 0 get their processed logits written over `logits`."""
+    """sample(processed_logits(logits, params, peak), params) without building the processed logits: on the GPU
+    one pass forms each token's processed value, its noise and the argmax. `cutoff` (filter_cutoffs; None for a
+    batch without top-k or top-p) says which tokens top-k and top-p keep. Rows with write_rows != 0 get their
+    processed logits written over `logits`."""
+    _, shift, floor = _scaling(params, peak)
     if use_triton(logits):
-        _, shift, floor = _scaling(params, peak)
-        transform = (shift, floor, write_rows)
+        transform = (shift, floor, write_rows, cutoff)
         return gumbel_sample(
             logits, params.temperature, params.seed, params.position, GREEDY_BELOW, NOISE_BITS, transform
         )
     processed = processed_logits(logits, params, peak, filtered=False)
+    if cutoff is not None:
+        kept = (order_keys_reference(processed) >= cutoff[:, None]) | ~random_rows(params)[:, None]
+        processed = processed.masked_fill(~kept, float("-inf"))
     logits.copy_(torch.where((write_rows != 0)[:, None], processed, logits))
     return sample_reference(processed, params)
+
+
+def filter_cutoffs(
+    logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor, top_k_cap: int | None = None
+) -> torch.Tensor:
+    """[B] int64: per random row, the order key (order_keys_reference) of the last token that top-k then top-p
+    keep in the stable descending order of its processed logits, so that they keep exactly the tokens whose keys
+    are >= it; the smallest key for rows with neither filter, the largest where nothing is kept. The row's keys
+    are sorted, or with top_k_cap (every filtering random row asks 0 < top_k <= top_k_cap) only the `top_k_cap`
+    largest selected. Top-p sums the kept probabilities in float64, in the sort's order."""
+    temperature, shift, floor = _scaling(params, peak)
+    if use_triton(logits):
+        keys = order_keys(logits, temperature, shift, floor)
+    else:
+        keys = order_keys_reference(processed_logits(logits, params, peak, filtered=False))
+    if top_k_cap is None:
+        top = keys.sort(dim=-1, descending=True).values
+    else:
+        top = keys.topk(min(top_k_cap, keys.shape[-1]), dim=-1).values  # descending
+    kept = (_filter_sorted(key_values(top), params.top_k, params.top_p) != float("-inf")).sum(dim=-1)
+    last_kept = top.gather(-1, (kept - 1).clamp_min(0)[:, None])[:, 0]
+    cutoff = torch.where(kept > 0, last_kept, torch.iinfo(torch.int64).max)
+    return torch.where((params.top_k > 0) | (params.top_p < 1), cutoff, torch.iinfo(torch.int64).min)
+
+
+def order_keys_reference(values: torch.Tensor) -> torch.Tensor:
+    """[B, V] int64 keys whose descending order is the stable descending sort's (value, then the lower id): the
+    value's order-preserving bits (negatives' magnitudes flipped; -0.0 taken as 0.0, which the sort takes as
+    equal) over the complemented token id."""
+    vocab = values.shape[-1]
+    bits = (values + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # as int32, in the floats' order
+    token = torch.arange(vocab, device=values.device, dtype=torch.int64)
+    return (ordered.long() << 32) | (vocab - 1 - token)
+
+
+def key_values(keys: torch.Tensor) -> torch.Tensor:
+    """The float32 values order keys were made from (the bit transform is its own inverse)."""
+    ordered = (keys >> 32).int()
+    return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).view(torch.float32)
 
 
 def _scaling(params: SamplingTensors, peak: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -124,22 +164,6 @@ def _filter_sorted(sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torc
     mass_before = probs.cumsum(dim=-1).sub_(probs)
     outside = (mass_before > top_p[:, None]) & (top_p < 1)[:, None]
     return sorted_logits.masked_fill(outside, float("-inf"))
-
-
-def _top_k_top_p_selected(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor, cap: int) -> torch.Tensor:
-    """_top_k_top_p for rows with 0 < top_k <= cap (rows with neither filter pass through), by selecting each
-    row's `cap` largest instead of sorting all of it. The selection runs on int64 keys, the value's
-    order-preserving bits over the complemented token id, so its order is the stable sort's (value descending,
-    then the lower id): the same kept tokens, and top-p sums the same probabilities in the same order."""
-    vocab = logits.shape[-1]
-    bits = (logits + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0, which the sort takes as equal
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # as int32, in the floats' order (negatives' magnitudes flipped)
-    token = torch.arange(vocab, device=logits.device, dtype=torch.int64)
-    keys = (ordered.long() << 32) | (vocab - 1 - token)
-    ids = (vocab - 1) - (keys.topk(min(cap, vocab), dim=-1).values & _MASK32)
-    top = _filter_sorted(logits.gather(-1, ids), top_k, top_p)
-    selected = torch.full_like(logits, float("-inf")).scatter(-1, ids, top)
-    return torch.where(((top_k > 0) | (top_p < 1))[:, None], selected, logits)
 
 
 def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:

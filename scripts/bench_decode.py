@@ -30,11 +30,12 @@ from scripts.hf_reference import random_hf_model, static_cache_tpot
 from scripts.report import environment
 from scripts.timing import copy_bandwidth, matmul_rate
 
-# temperature: the unfiltered random graph variant (noise, no sort); filtered: the one that sorts; min_p: no sort.
+# temperature: the unfiltered random graph variant; filtered: top-k selection; top_p: the sort; min_p: no filter.
 SAMPLING = {
     "greedy": {"temperature": 0},
     "temperature": {"temperature": 1.0},
     "filtered": {"temperature": 0.7, "top_p": 0.8, "top_k": 20},
+    "top_p": {"temperature": 0.7, "top_p": 0.8},  # top-p alone: the graph variant that sorts the order keys
     # greedy with the penalties users send: the penalized graph variant's extra pass over the logits
     "penalized": {"temperature": 0, "repetition_penalty": 1.1, "frequency_penalty": 0.2, "presence_penalty": 0.2},
     "min_p": {"temperature": 1.0, "min_p": 0.05},
@@ -189,7 +190,8 @@ def main() -> None:
         nargs="+",
         default=["greedy"],
         choices=list(SAMPLING),
-        help="greedy; temperature: 1.0; filtered: temperature 0.7, top-p 0.8, top-k 20; penalized: greedy with "
+        help="greedy; temperature: 1.0; filtered: temperature 0.7, top-p 0.8, top-k 20; top_p: the same without "
+        "top-k; penalized: greedy with "
         "repetition 1.1, frequency 0.2, presence 0.2; min_p: temperature 1.0, min-p 0.05",
     )
     parser.add_argument(

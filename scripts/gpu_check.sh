@@ -27,7 +27,7 @@ for step in $steps; do
     timeline) run python3 -m scripts.step_timeline --config qwen3-4b --batch 1 8 32 --out "$OUT" ;;
     decode) run python3 -m scripts.bench_decode --config qwen3-4b ${QUICK:+--quick} --out "$OUT" ;;
     sampled) run python3 -m scripts.bench_decode --config qwen3-4b --quick --hf-batch --batch 1 8 32 64 128 256 \
-               --sampling greedy temperature filtered penalized min_p --out "$OUT/sampled" ;;
+               --sampling greedy temperature filtered top_p penalized min_p --out "$OUT/sampled" ;;
     kernels) run python3 -m scripts.bench_kernels --out "$OUT" ;;
     reduce) run python3 -m scripts.bench_reduce ${QUICK:+--quick} --out "$OUT" ;;
     lm_head) run python3 -m scripts.bench_lm_head --out "$OUT" ;;

@@ -9,7 +9,7 @@ import torch
 from qwen3_runtime import Runtime, SamplingParams
 from qwen3_runtime.memory_profile import worst_step_bytes
 
-WORST = dict(temperature=0.7, top_k=20, top_p=0.8, repetition_penalty=1.1, logprobs=20, ignore_eos=True)
+WORST = dict(temperature=0.7, top_p=0.8, repetition_penalty=1.1, logprobs=20, ignore_eos=True)  # top-p alone: the sort
 
 
 @pytest.mark.parametrize("path", ["device", "host"])
@@ -29,7 +29,7 @@ def test_the_profile_steps_run_and_leave_the_runner_as_it_was(make_runtime, tiny
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_worst_allowed_shapes_fit_after_the_kv_cache_took_its_share():
     """A KV cache capped by memory (64 sequences of 32k tokens would need ~235 GB), then every row asking
-    logprobs 20 with top-k, top-p and a penalty, beside a full-budget prompt asking prompt logprobs 20."""
+    logprobs 20 with top-p (the sort) and a penalty, beside a full-budget prompt asking prompt logprobs 20."""
     rt = Runtime.from_yaml(
         "qwen3-0.6b",
         overrides={"engine.max_model_len": 32768, "engine.gpu_memory_utilization": 0.97, "engine.max_num_seqs": 64},

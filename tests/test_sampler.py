@@ -7,10 +7,12 @@ from qwen3_runtime.sampler import (
     NOISE_BITS,
     SamplingTensors,
     _top_k_top_p,
-    _top_k_top_p_selected,
+    filter_cutoffs,
     gumbel_from_bits,
     gumbel_noise,
     hash_bits,
+    key_values,
+    order_keys_reference,
     processed_logits,
     sample,
 )
@@ -266,11 +268,12 @@ def test_min_p_composes_with_top_k_and_spares_greedy_rows():
 
 
 @pytest.mark.parametrize("vocab", [3000, VOCAB])
-def test_selecting_the_top_k_equals_sorting_the_vocabulary(vocab):
+@pytest.mark.parametrize("cap", [128, None])
+def test_cutoff_keys_keep_what_the_sort_keeps(vocab, cap):
     """Rows of ties (few distinct values), -inf, -0.0 beside 0.0, huge values, rows without filters, top_k from 1
-    to the cap, with and without top-p: the same processed logits as the full sort."""
+    to the cap, with and without top-p; the top `cap` keys selected or all sorted: the tokens whose order keys
+    reach the row's cutoff are those the full sort keeps."""
     gen = torch.Generator().manual_seed(3)
-    cap = 128
     rows = [
         torch.randn(vocab, generator=gen) * 4,
         torch.randint(-3, 3, (vocab,), generator=gen).float(),  # ties everywhere
@@ -280,9 +283,22 @@ def test_selecting_the_top_k_equals_sorting_the_vocabulary(vocab):
         torch.randn(vocab, generator=gen),  # no filter: passes through
     ]
     logits = torch.stack(rows)
-    for top_k, top_p in (([1, 5, cap, 40, 2, -1], 1.0), ([7, cap, 3, 128, 64, -1], 0.7), ([cap] * 5 + [-1], 0.2)):
-        k = torch.tensor(top_k, dtype=torch.int64)
-        p = torch.tensor([top_p] * 5 + [1.0])
-        selected = _top_k_top_p_selected(logits, k, p, cap)
-        expected = torch.where((k > 0)[:, None], _top_k_top_p(logits, k, p), logits)
-        assert torch.equal(selected, expected), (top_k, top_p)
+    cases = [([1, 5, 128, 40, 2, -1], 1.0), ([7, 128, 3, 128, 64, -1], 0.7), ([128] * 5 + [-1], 0.2)]
+    if cap is None:  # top-p alone, and top-k past any cap
+        cases += [([-1] * 6, 0.9), ([500, -1, 3000, -1, 1, -1], 0.5)]
+    for top_k, top_p in cases:
+        params = _params(6)
+        params.top_k.copy_(torch.tensor(top_k))
+        params.top_p.copy_(torch.tensor([top_p] * 5 + [1.0]))
+        filters = (params.top_k > 0) | (params.top_p < 1)
+        cutoff = filter_cutoffs(logits, params, logits.amax(-1), cap)
+        kept = logits.masked_fill(order_keys_reference(logits) < cutoff[:, None], float("-inf"))
+        expected = torch.where(filters[:, None], _top_k_top_p(logits, params.top_k, params.top_p), logits)
+        assert torch.equal(kept, expected), (top_k, top_p)
+
+
+def test_order_keys_order_as_the_stable_sort_and_give_back_the_values():
+    values = torch.tensor([[1.5, -0.0, 0.0, float("-inf"), -2.5, 1.5, float("inf"), 3e38]])
+    keys = order_keys_reference(values)
+    assert keys.argsort(descending=True).tolist() == values.sort(descending=True, stable=True).indices.tolist()
+    assert torch.equal(key_values(keys), values + 0.0)

@@ -9,10 +9,13 @@ sampler.gumbel_from_bits; none on greedy rows), added to its logit, and the chun
 lowest id (largest_first: NaN counts as the largest value and the first NaN's id wins, as in
 torch.argmax). Stage 2 is greedy decoding's own row reduce over the chunks.
 
-With a row transform (shift, floor; sampler.sample_raw), the kernel reads raw logits and forms the processed
-value of each token itself, as sampler.processed_logits does without top-k/top-p: (x - shift) / temperature,
--inf below the floor (min-p). Rows flagged in `write_rows` get those values stored over their logits (their
-logprobs are of the processed distribution); the [B, V] processed tensor is never built for the others.
+With a row transform (shift, floor, cutoff; sampler.sample_raw), the kernel reads raw logits and forms the
+processed value of each token itself, as sampler.processed_logits does: (x - shift) / temperature, -inf below
+the floor (min-p) and, with a cutoff key, for tokens whose order key is below it (top-k and top-p: the kept
+tokens are a prefix of the stable descending order, so one key per row says which). Rows flagged in
+`write_rows` get those values stored over their logits (their logprobs are of the processed distribution);
+the [B, V] processed tensor is never built for the others. `order_keys` gives the keys the cutoff is found
+among.
 """
 
 from __future__ import annotations
@@ -66,6 +69,46 @@ def gumbel_from_bits(k, NOISE_BITS: tl.constexpr, LIBDEVICE: tl.constexpr):
 
 
 @triton.jit
+def order_key(value, ids, vocab):
+    """sampler.order_keys_reference: int64 keys in the stable descending order of (value, then lower id): the
+    value's bits made order-preserving (negatives' magnitudes flipped; -0.0 as 0.0) over the complemented id."""
+    bits = tl.where(value == 0.0, 0, value.to(tl.int32, bitcast=True))
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
+    return (ordered.to(tl.int64) << 32) | (vocab - 1 - ids).to(tl.int64)
+
+
+@triton.jit
+def _processed(x, row, shift_ptr, temperature, floor_ptr):
+    """sampler.processed_logits's scaling and min-p of a random row's raw logits x. IEEE division, as torch's:
+    the values are bit-identical to the reference's."""
+    processed = tl.math.div_rn(x - tl.load(shift_ptr + row), temperature)
+    return tl.where(processed < tl.load(floor_ptr + row), float("-inf"), processed)
+
+
+@triton.jit
+def _keys_kernel(logits_ptr, temperature_ptr, shift_ptr, floor_ptr, keys_ptr, vocab, stride_row, CHUNK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    ids = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(logits_ptr + row * stride_row + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
+    value = _processed(x, row, shift_ptr, tl.load(temperature_ptr + row), floor_ptr)
+    tl.store(keys_ptr + row * vocab + ids, order_key(value, ids, vocab), mask=ids < vocab)
+
+
+def order_keys(
+    logits: torch.Tensor, temperature: torch.Tensor, shift: torch.Tensor, floor: torch.Tensor
+) -> torch.Tensor:
+    """[B, V] int64 order keys (`order_key`) of the processed logits, (x - shift) / temperature with -inf below
+    floor, from raw fp32 logits in one pass (temperature >= the greedy threshold on every row)."""
+    rows, vocab = logits.shape
+    assert logits.dtype == torch.float32 and logits.stride(1) == 1
+    keys = torch.empty(rows, vocab, dtype=torch.int64, device=logits.device)
+    if rows:
+        grid = (rows, triton.cdiv(vocab, CHUNK))
+        _keys_kernel[grid](logits, temperature, shift, floor, keys, vocab, logits.stride(0), CHUNK=CHUNK)
+    return keys
+
+
+@triton.jit
 def _chunk_kernel(
     logits_ptr,
     temperature_ptr,
@@ -74,6 +117,7 @@ def _chunk_kernel(
     shift_ptr,
     floor_ptr,
     write_ptr,
+    cutoff_ptr,
     chunk_max_ptr,
     chunk_id_ptr,
     vocab,
@@ -83,6 +127,7 @@ def _chunk_kernel(
     NOISE_BITS: tl.constexpr,
     CHUNK: tl.constexpr,
     TRANSFORM: tl.constexpr,
+    CUTOFF: tl.constexpr,
     LIBDEVICE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
@@ -99,9 +144,10 @@ def _chunk_kernel(
     processed = x
     if TRANSFORM:
         if is_random:
-            # IEEE division, as torch's: the processed values are bit-identical to sampler.processed_logits's.
-            processed = tl.math.div_rn(x - tl.load(shift_ptr + row), temperature)
-            processed = tl.where(processed < tl.load(floor_ptr + row), float("-inf"), processed)
+            processed = _processed(x, row, shift_ptr, temperature, floor_ptr)
+            if CUTOFF:
+                kept = order_key(processed, ids, vocab) >= tl.load(cutoff_ptr + row)
+                processed = tl.where(kept, processed, float("-inf"))
             if tl.load(write_ptr + row) != 0:
                 tl.store(logits_ptr + row * stride_row + ids, processed, mask=ids < vocab)
     peak, first = largest_first(tl.where(is_random, processed + noise, x), ids, vocab)
@@ -118,20 +164,22 @@ def gumbel_sample(
     position: torch.Tensor,
     greedy_below: float,
     noise_bits: int,
-    transform: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
+    transform: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
 ) -> torch.Tensor:
     """Token ids [B] int64: argmax over each row of fp32 `processed` [B, V] plus the row's Gumbel noise, or
     of `processed` alone where temperature < greedy_below. Ties go to the lower id; a row holding a NaN
-    gets its first NaN's id. `transform` (shift [B] f32, floor [B] f32, write_rows [B] int): `processed` holds
-    raw logits, and random rows sample from (x - shift) / temperature, -inf below floor; rows with write_rows
-    != 0 get those values written over theirs. Allocates only by (B, V): capturable in a CUDA graph."""
+    gets its first NaN's id. `transform` (shift [B] f32, floor [B] f32, write_rows [B] int, cutoff [B] int64 or
+    None): `processed` holds raw logits, and random rows sample from (x - shift) / temperature, -inf below floor
+    and where the token's order key is below cutoff; rows with write_rows != 0 get those values written over
+    theirs. Allocates only by (B, V): capturable in a CUDA graph."""
     rows, vocab = processed.shape
     assert processed.dtype == torch.float32 and processed.stride(1) == 1 and noise_bits <= 23
     assert seed.dtype == position.dtype == torch.int64 and temperature.dtype == torch.float32
     assert temperature.stride() == seed.stride() == position.stride() == (1,)
     if transform is not None:
-        assert all(t.shape == (rows,) and t.stride() == (1,) for t in transform)
+        assert all(t.shape == (rows,) and t.stride() == (1,) for t in transform if t is not None)
         assert transform[0].dtype == transform[1].dtype == torch.float32
+        assert transform[3] is None or transform[3].dtype == torch.int64
     num_chunks = triton.cdiv(vocab, CHUNK)
     chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=processed.device)
     chunk_id = torch.empty(rows, num_chunks, dtype=torch.int32, device=processed.device)
@@ -141,7 +189,7 @@ def gumbel_sample(
             temperature,
             seed,
             position,
-            *(transform or (temperature,) * 3),  # unread without TRANSFORM
+            *[temperature if t is None else t for t in transform or (None,) * 4],  # unread without TRANSFORM, CUTOFF
             chunk_max,
             chunk_id,
             vocab,
@@ -151,6 +199,7 @@ def gumbel_sample(
             NOISE_BITS=noise_bits,
             CHUNK=CHUNK,
             TRANSFORM=transform is not None,
+            CUTOFF=transform is not None and transform[3] is not None,
             LIBDEVICE=not TRITON_INTERPRET,
             num_warps=4,
             **pdl_launch(processed),

@@ -14,6 +14,7 @@ from qwen3_runtime.sampler import (
     GREEDY_BELOW,
     NOISE_BITS,
     SamplingTensors,
+    filter_cutoffs,
     gumbel_noise,
     hash_bits,
     processed_logits,
@@ -200,10 +201,12 @@ def test_matches_the_reference_on_gpu_at_qwen3_vocab(rows):
 
 
 @pytest.mark.parametrize("vocab", [100, 2 * CHUNK + 77])
-def test_raw_logits_sample_as_their_processed_ones_and_flagged_rows_are_written(vocab):
-    """sample_raw (the kernel's scaling, min-p and noise in one pass) against sample(processed_logits(...)):
-    the same tokens, and the rows flagged for processed logprobs hold processed_logits's values bit for bit.
-    Rows: greedy, plain temperature, min-p, a huge peak (shifted), a -inf and a NaN row."""
+@pytest.mark.parametrize("filters", ["none", "top_k", "top_p"])
+def test_raw_logits_sample_as_their_processed_ones_and_flagged_rows_are_written(vocab, filters):
+    """sample_raw (the kernel's scaling, min-p, top-k/top-p cutoff and noise in one pass; the cutoffs from the
+    order-keys kernel) against sample(processed_logits(...)), the sort-based reference: the same tokens, and the
+    rows flagged for processed logprobs hold the reference's values bit for bit. Rows: greedy, plain
+    temperature, min-p, a huge peak (shifted), a -inf and a NaN row, a row of ties."""
     gen = torch.Generator().manual_seed(vocab)
     logits = torch.randn(7, vocab, generator=gen) * 3
     logits[3, 5] = 3e38
@@ -211,14 +214,23 @@ def test_raw_logits_sample_as_their_processed_ones_and_flagged_rows_are_written(
     logits[5, vocab // 2] = float("nan")
     params = _params(7, seed=vocab)
     params.temperature.copy_(torch.tensor([0.0, 1.0, 0.7, 1e-3, 1.3, 0.5, 2.0]))
-    params.min_p.copy_(torch.tensor([0.0, 0.0, 0.1, 0.0, 0.05, 0.0, 0.9]))
+    params.min_p.copy_(torch.tensor([0.0, 0.0, 0.1, 0.0, 0.05, 0.0, 0.0]))
+    logits[6] = torch.randint(-2, 2, (vocab,), generator=gen).float()  # ties
+    if filters == "top_k":
+        params.top_k.copy_(torch.tensor([5, 1, 7, 3, 64, 10, 20]))
+        params.top_p[2:].fill_(0.8)
+    elif filters == "top_p":
+        params.top_p.copy_(torch.tensor([0.5, 0.9, 0.3, 0.95, 0.7, 1.0, 0.6]))
     write_rows = torch.tensor([1, 0, 1, 1, 1, 0, 1])
     peak = logits.amax(dim=-1)
-    processed = processed_logits(logits, params, peak, filtered=False)
+    processed = processed_logits(logits, params, peak, filtered=filters != "none")
     expected = _check(processed, params)
 
     raw = logits.clone()
-    tokens = sample_raw(raw, params, peak, write_rows)
+    cutoff = {"none": None, "top_k": 64, "top_p": "sort"}[filters]
+    if cutoff is not None:
+        cutoff = filter_cutoffs(raw, params, peak, None if cutoff == "sort" else cutoff)
+    tokens = sample_raw(raw, params, peak, write_rows, cutoff)
 
     clear = _top2_gap(processed, params) > NEAR_TIE
     assert torch.equal(tokens[clear], expected[clear])
