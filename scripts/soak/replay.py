@@ -12,7 +12,11 @@ The server does not send token ids, so a token is compared by what it sends for 
 from __future__ import annotations
 
 import bisect
+import math
+from array import array
 from dataclasses import dataclass, replace
+
+import numpy as np
 
 from qwen3_runtime import Runtime, SamplingParams
 from qwen3_runtime.tokenizer import IncrementalDetokenizer, Tokenizer
@@ -73,13 +77,22 @@ class Comparer:
         self.mismatches: list[Mismatch] = []
         self.tokens = self.logprobs = 0  # compared
         self.diverged = 0  # greedy choices that left the offline output at a near-tie
+        self.differences = array("d")  # |server - offline| of every finite logprob pair: the rounding's scale
 
     def _bad(self, item: Item, what: str, got: object, want: object) -> None:
         self.mismatches.append(Mismatch(item.result.spec.index, item.choice, what, got, want))
 
     def _close(self, a: float | None, b: float) -> bool:
         self.logprobs += 1
+        if a is not None and math.isfinite(b):
+            self.differences.append(abs(a - b))
         return a is not None and abs(a - b) <= self.tol
+
+    def difference_quantiles(self) -> dict[str, float]:
+        """p50, p99, p99.99 and max of the logprob differences."""
+        d = np.sort(np.frombuffer(self.differences, dtype=np.float64)) if self.differences else np.zeros(1)
+        return {q: float(d[min(len(d) - 1, int(f * len(d)))]) for q, f in (("p50", 0.5), ("p99", 0.99),
+                ("p99.99", 0.9999), ("max", 1.0))}  # fmt: skip
 
     def compare(self, item: Item, out) -> None:
         spec, c = item.result.spec, item.result.choices[item.choice]

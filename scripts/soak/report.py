@@ -93,7 +93,14 @@ def summarize(results: list[Result], wall: float, comparer: Comparer | None, che
         print(
             f"  request {m.request} choice {m.choice} {m.what}:\n    server  {m.got!r:.300}\n    offline {m.want!r:.300}"
         )
-    return _latency(results, wall, outcomes) | {"by_kind": {f"{k} {o}": n for (k, o), n in by_kind.items()}}
+    figures = _latency(results, wall, outcomes) | {"by_kind": {f"{k} {o}": n for (k, o), n in by_kind.items()}}
+    if comparer is not None:
+        figures["logprob_differences"] = comparer.difference_quantiles()
+        print(
+            "logprob |server - offline|: "
+            + ", ".join(f"{q} {v:.2e}" for q, v in figures["logprob_differences"].items())
+        )
+    return figures
 
 
 def _latency(results: list[Result], wall: float, outcomes: Counter) -> dict:
