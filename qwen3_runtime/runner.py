@@ -52,7 +52,8 @@ class RowResult:
 @dataclass(eq=False)
 class StepInFlight:
     """A launched step whose results are not read yet. reqs[i]'s token goes to req.output[output_slots[i]],
-    which holds PENDING until then; the packed results land in buffer `buffer` of the runner's outputs."""
+    which holds PENDING until then; the packed results are copied out through buffer `buffer` of the runner's
+    outputs."""
 
     reqs: list[Request]
     output_slots: list[int]
@@ -92,10 +93,7 @@ class ModelRunner:
         )
         self.penalties = PenaltySlots.allocate(max_rows, vocab, model.config.eos_token_ids, self.device)
         variants = [
-            (variant, penalized, buffer)
-            for variant in (GREEDY, RANDOM, TOP_K, FILTERED)
-            for penalized in (False, True)
-            for buffer in (0, 1)
+            (variant, penalized) for variant in (GREEDY, RANDOM, TOP_K, FILTERED) for penalized in (False, True)
         ]
         buckets = engine.cuda_graph_buckets or default_buckets(max_rows)
         self.graphs = StepGraphs(self._decode_step, buckets, variants=variants)
@@ -130,10 +128,9 @@ class ModelRunner:
         previous_rows = {req.request_id: row for row, req in enumerate(previous.reqs)} if previous else {}
         padded_rows = self.graphs.padded_size(len(reqs))
         self.stager.stage(reqs, padded_rows, [previous_rows.get(req.request_id, -1) for req in reqs])
-        buffer = self.outputs.next_buffer()
-        _, lp_logits = self.graphs.run(len(reqs), (_variant(reqs), _penalized(reqs), buffer))
+        _, lp_logits = self.graphs.run(len(reqs), (_variant(reqs), _penalized(reqs)))
         self.stats.decode_steps += 1
-        return self._copy_out(reqs, buffer, lp_logits)
+        return self._copy_out(reqs, lp_logits)
 
     @torch.inference_mode()
     def prefill(self, chunks: list[PrefillChunk]) -> StepInFlight:
@@ -147,14 +144,14 @@ class ModelRunner:
         prompt_spans = self.prompt_logprobs.compute([s for s in spans if s], hidden, self.model.compute_logits)
         last = [(c.req, row + c.num_tokens - 1) for c, row in zip(chunks, rows) if c.is_last]
         reqs = [req for req, _ in last]
-        buffer, lp_logits = self.outputs.next_buffer(), None
+        lp_logits = None
         if reqs:
             self.penalties.acquire(reqs)  # before staging: the slot is a request constant
             self.stager.stage(reqs, len(reqs))
             logits = self.model.compute_logits(hidden[self._tensor([row for _, row in last])])
-            lp_logits = self._sample_and_reduce(logits, len(reqs), _variant(reqs), _penalized(reqs), buffer)
+            lp_logits = self._sample_and_reduce(logits, len(reqs), _variant(reqs), _penalized(reqs))
         self.stats.prefill_steps += 1
-        return self._copy_out(reqs, buffer, lp_logits, prompt_spans)
+        return self._copy_out(reqs, lp_logits, prompt_spans)
 
     def release(self, req: Request) -> None:
         """req has ended: its penalty slot, if it holds one, is free."""
@@ -184,10 +181,10 @@ class ModelRunner:
         meta = AttentionMetadata(slot_mapping=slots, prefill=self.prefill_stager.plan(padded_tokens))
         return self.model(input_ids, positions, self.kv_cache, meta)
 
-    def _decode_step(self, padded_rows: int, key: tuple[str, bool, int]) -> torch.Tensor:
-        """The captured step, one per (variant, penalized, buffer): reads only static inputs (and the penalties'
-        state), writes its results into `self.outputs.packed[buffer]`."""
-        variant, penalized, buffer = key
+    def _decode_step(self, padded_rows: int, key: tuple[str, bool]) -> torch.Tensor:
+        """The captured step, one per (variant, penalized): reads only static inputs (and the penalties' state),
+        writes its results into `self.outputs.latest`."""
+        variant, penalized = key
         inp, rows = self.stager.inputs, slice(padded_rows)
         kv_heads = self.model.config.num_key_value_heads
         meta = AttentionMetadata(
@@ -198,14 +195,12 @@ class ModelRunner:
             split_arrivals=self.split_arrivals[rows],
         )
         # With async scheduling, rows fed by the step in flight read its sampled token (column 0).
-        fed_from = (inp.prev_row[rows], self.outputs.packed[buffer ^ 1, :, 0]) if self.async_scheduling else None
+        fed_from = (inp.prev_row[rows], self.outputs.latest[:, 0]) if self.async_scheduling else None
         hidden = self.model(inp.input_ids[rows], inp.positions[rows], self.kv_cache, meta, fed_from)
-        return self._sample_and_reduce(self.model.compute_logits(hidden), padded_rows, variant, penalized, buffer)
+        return self._sample_and_reduce(self.model.compute_logits(hidden), padded_rows, variant, penalized)
 
-    def _sample_and_reduce(
-        self, logits: torch.Tensor, rows: int, variant: str, penalized: bool, buffer: int
-    ) -> torch.Tensor:
-        """Penalize, sample, reduce the rows that asked for logprobs, pack it all into the buffer's first `rows`,
+    def _sample_and_reduce(self, logits: torch.Tensor, rows: int, variant: str, penalized: bool) -> torch.Tensor:
+        """Penalize, sample, reduce the rows that asked for logprobs, pack it all into `latest`'s first `rows`,
         count the penalized rows' tokens. Returns the logits the logprobs are taken from (raw, or processed per
         row: what was sampled from, penalties included)."""
         inp = self.stager.inputs
@@ -226,18 +221,15 @@ class ModelRunner:
         reduce_logprobs(
             lp_logits, tokens, inp.num_top[:rows], self.routing.k_max, row_mask=inp.wants_logprobs[:rows], out=out
         )
-        pack(tokens, out, self.outputs.packed[buffer, :rows], peak)
+        pack(tokens, out, self.outputs.latest[:rows], peak)
         if penalized:
             self.penalties.count(tokens, inp.penalty_slot[:rows])
         return lp_logits
 
     def _copy_out(
-        self,
-        reqs: list[Request],
-        buffer: int,
-        lp_logits: torch.Tensor | None,
-        prompt_spans: list[ScoredSpan] | None = None,
+        self, reqs: list[Request], lp_logits: torch.Tensor | None, prompt_spans: list[ScoredSpan] | None = None
     ) -> StepInFlight:
+        buffer = self.outputs.next_buffer()
         self.outputs.copy_out(buffer, len(reqs))
         slots = [req.reserve_output_slot() for req in reqs]
         return StepInFlight(reqs, slots, buffer, lp_logits, prompt_spans or [])

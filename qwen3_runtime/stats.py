@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 @dataclass
 class RunnerStats:
     """capture_s: the graph capture's wall time (Triton compilation included where the kernel cache is
-    cold), which grows with a graph per bucket, variant and result buffer."""
+    cold), which grows with a graph per bucket and variant."""
 
     decode_steps: int = 0
     prefill_steps: int = 0

@@ -1,6 +1,8 @@
-"""Where a step's packed results (packing.py) land: two device buffers in turn, each copied into pinned
-host memory on its own stream, so the next step neither queues behind the copy nor overwrites results
-that are still being copied or not read yet (async scheduling)."""
+"""Where a step's packed results (packing.py) land: `latest`, one device buffer every step writes (and the next
+step reads its sampled tokens from, with async scheduling), snapshotted on the step's stream into one of two
+device buffers in turn, each copied into pinned host memory on its own stream, so the next step neither queues
+behind the copy nor overwrites results that are still being copied or not read yet. One `latest` lets a CUDA
+graph serve every step whichever buffer its results go to."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from qwen3_runtime.stats import RunnerStats
 class StepOutputs:
     def __init__(self, max_rows: int, width: int, device: torch.device, stats: RunnerStats) -> None:
         pinned = device.type == "cuda"
+        self.latest = torch.zeros(max_rows, width, dtype=torch.int32, device=device)
         self.packed = torch.zeros(2, max_rows, width, dtype=torch.int32, device=device)
         self.host = torch.zeros_like(self.packed, device="cpu", pin_memory=pinned)
         self.stats = stats
@@ -30,9 +33,10 @@ class StepOutputs:
         return self._buffer
 
     def copy_out(self, buffer: int, num_rows: int) -> None:
-        """The step's one device-to-host copy, queued on the copy stream after the step."""
+        """The step's `latest` rows into the buffer, then its one device-to-host copy, queued on the copy stream."""
         self._unread[buffer] = True
         source, target = self.packed[buffer, :num_rows], self.host[buffer, :num_rows]
+        source.copy_(self.latest[:num_rows])  # on the step's stream: before the next step overwrites latest
         if self._copy_stream is None:
             target.copy_(source)
             return
