@@ -16,7 +16,7 @@ def test_host_memory_is_read():
 
 
 def test_cpu_kv_cache_is_capped_by_available_memory(monkeypatch):
-    """Qwen3-0.6B's 64 full-length sequences would take 60 GB; on the CPU the cap is the host's memory."""
+    """Qwen3-0.6B's 256 full-length sequences would take 240 GB; on the CPU the cap is the host's memory."""
     monkeypatch.setattr(dev, "host_available_memory", lambda: 2 * GIB)
     cfg = load_config("qwen3-0.6b")
     arch, engine = cfg.model.architecture, cfg.engine
