@@ -7,6 +7,8 @@ import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from qwen3_runtime.sampler import GREEDY_BELOW
 from qwen3_runtime.validation import (
     as_bool,
@@ -87,8 +89,9 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        """Whether the argmax is taken (the sampler's rule: temperature below GREEDY_BELOW, as vLLM's)."""
-        return self.temperature < GREEDY_BELOW
+        """Whether the argmax is taken (the sampler's rule: temperature below GREEDY_BELOW, as vLLM's), decided in
+        float32 as the device decides it: a temperature just under the threshold in float64 may round to it."""
+        return bool(np.float32(self.temperature) < np.float32(GREEDY_BELOW))
 
     @property
     def penalized(self) -> bool:

@@ -6,6 +6,7 @@ import torch
 
 from qwen3_runtime import SamplingParams
 from qwen3_runtime.params import RequestLimits, check_request
+from qwen3_runtime.sampler import GREEDY_BELOW, SamplingTensors, random_rows
 
 
 def test_defaults_follow_vllm():
@@ -185,3 +186,10 @@ def test_top_k_at_or_above_the_vocabulary_is_off():
     for top_k in (512, 10**30):
         assert check_request([1], SamplingParams(top_k=top_k), LIMITS)[1].top_k == -1
     assert check_request([1], SamplingParams(top_k=511), LIMITS)[1].top_k == 511
+
+
+def test_greedy_is_decided_in_float32_as_on_the_device():
+    """A temperature just under the threshold in float64 rounds to it in float32, where the sampler compares."""
+    for t in (0.0, float(np.nextafter(GREEDY_BELOW, 0)), GREEDY_BELOW, 0.5):
+        device_random = random_rows(SamplingTensors(torch.tensor([t]), *[torch.zeros(1)] * 5)).item()
+        assert SamplingParams(temperature=t).greedy is (not device_random), t
