@@ -1,7 +1,9 @@
 """The logprobs matrix as HTTP clients see it: a server per logprobs path (device, host) on the same config,
 bench_serve at concurrency 1 / 8 / 32 with logprobs off / 1 / 5 (greedy, 128-token prompts, 256 output
 tokens), a mixed concurrency-8 run with one logprobs=5 client, and the offline API's TPOT on the same
-workload, measured in the same run, for the server's overhead.
+workload, measured in the same run, for the server's overhead. Each cell also records the server's own view
+(its /metrics over the run: the engine's time per step, the API process's TPOT), to tell an engine slowdown
+from a lag in the API process or the client.
 
 Usage: python -m scripts.bench_serving [--config qwen3-4b] [--quick] --out DIR
 """
@@ -18,14 +20,16 @@ import sys
 import time
 import urllib.request
 from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 
 from scripts.bench_serve import BenchConfig, run_benchmark
-from scripts.report import environment
+from scripts.report import environment, unlabelled_samples
 
 LOGPROBS = [None, 1, 5]
+PREFIX = "qwen3_runtime_"
 
 
 @contextmanager
@@ -57,13 +61,35 @@ def server(config: str, path: str, overrides: list[str], log: Path):
 
 
 def serve_cell(url: str, concurrency: int, logprobs: int | None, args, **extra) -> dict:
-    """One bench_serve run: `concurrency` requests at once, each of a fixed length (greedy)."""
+    """One bench_serve run: `concurrency` requests at once, each of a fixed length (greedy), after a warm-up wave.
+    Beside what the clients saw, the server's own view over the run (`server_view`)."""
     cfg = BenchConfig(
         base_url=url, num_prompts=concurrency * args.waves, input_len=args.prompt_len, output_len=args.max_tokens,
-        max_concurrency=concurrency, logprobs=logprobs, warmup=concurrency, seed=concurrency, **extra,
+        max_concurrency=concurrency, logprobs=logprobs, warmup=0, seed=concurrency, **extra,
     )  # fmt: skip
+    asyncio.run(run_benchmark(replace(cfg, num_prompts=concurrency)))  # warm-up
+    before = scrape(url)
     report = asyncio.run(run_benchmark(cfg))
-    return {"concurrency": concurrency, "logprobs": logprobs, **{k: report[k] for k in ("metrics", "duration_s")}}
+    server = server_view(before, scrape(url), report["duration_s"])
+    return {"concurrency": concurrency, "logprobs": logprobs, "server": server,
+            **{k: report[k] for k in ("metrics", "duration_s")}}  # fmt: skip
+
+
+def scrape(url: str) -> dict[str, float]:
+    with urllib.request.urlopen(url + "/metrics", timeout=10) as resp:
+        return unlabelled_samples(resp.read().decode())
+
+
+def server_view(before: dict[str, float], after: dict[str, float], duration_s: float) -> dict:
+    """Where a slowdown the clients see arises: the engine's mean time per step over the run (wall time over its
+    steps, prefill steps and the ramps at the waves' ends included) and the API process's mean TPOT (as updates
+    reach it, before the response is written)."""
+    delta = {name: after[name] - before.get(name, 0.0) for name in after}
+    steps, tpots = delta[f"{PREFIX}engine_steps_total"], delta[f"{PREFIX}time_per_output_token_seconds_count"]
+    return {
+        "engine_ms_per_step": 1e3 * duration_s / steps if steps else None,
+        "api_mean_tpot_ms": 1e3 * delta[f"{PREFIX}time_per_output_token_seconds_sum"] / tpots if tpots else None,
+    }
 
 
 def offline_tpot(config: str, concurrency: int, args) -> float:
@@ -107,7 +133,11 @@ def main() -> None:
             for c in args.concurrency:
                 for k in LOGPROBS:
                     add({"path": path, **serve_cell(url, c, k, args)})
-                    print(f"{path} c={c} logprobs={k}: TPOT {rows[-1]['metrics']['all']['median_tpot_ms']:.2f} ms")
+                    view = rows[-1]["server"]
+                    print(
+                        f"{path} c={c} logprobs={k}: TPOT {rows[-1]['metrics']['all']['median_tpot_ms']:.2f} ms; "
+                        f"server: {_ms(view['engine_ms_per_step'])} ms/step, API mean TPOT {_ms(view['api_mean_tpot_ms'])} ms"
+                    )
             if path == "device" and 8 in args.concurrency:
                 add({"path": path, "mixed": True, **serve_cell(url, 8, 5, args, logprobs_clients=1)})
                 others, off = rows[-1]["metrics"]["no_logprobs"], served_off(rows, 8)
@@ -116,6 +146,10 @@ def main() -> None:
     (args.out / "serving.json").write_text(json.dumps(result, indent=1))
     for c, tpot in result["offline_tpot_ms"].items():
         print(f"c={c}: offline TPOT {tpot:.2f} ms, through the server x{served_off(rows, c) / tpot:.3f}")
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
 
 
 def served_off(rows: list[dict], concurrency: int) -> float:

@@ -1,4 +1,4 @@
-"""What every benchmark result records about where and when it was measured."""
+"""What every benchmark result records about where and when it was measured, and the server's own counters."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import subprocess
 
 import torch
 import triton
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def environment() -> dict:
@@ -24,3 +25,9 @@ def environment() -> dict:
         "triton": triton.__version__,
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+
+
+def unlabelled_samples(text: str) -> dict[str, float]:
+    """A Prometheus text page's samples that carry no labels, by name (counters' `_total`, histograms' `_sum`
+    and `_count` among them)."""
+    return {s.name: s.value for f in text_string_to_metric_families(text) for s in f.samples if not s.labels}

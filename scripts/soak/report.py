@@ -8,6 +8,7 @@ from collections import Counter
 
 import httpx
 
+from scripts.report import unlabelled_samples
 from scripts.soak.client import Result
 from scripts.soak.replay import Comparer
 
@@ -35,13 +36,7 @@ class Checks:
 
 async def read_metrics(client: httpx.AsyncClient) -> dict[str, float]:
     """/metrics' unlabelled samples by name."""
-    text = (await client.get("/metrics")).text
-    out = {}
-    for line in text.splitlines():
-        if line and not line.startswith("#") and "{" not in line:
-            name, value = line.rsplit(" ", 1)
-            out[name] = float(value)
-    return out
+    return unlabelled_samples((await client.get("/metrics")).text)
 
 
 async def wait_idle(client: httpx.AsyncClient, timeout: float) -> dict[str, float]:
