@@ -197,12 +197,15 @@ def serving(d: dict) -> list[str]:
     rows = []
     for r in plain:
         m, base = r["metrics"]["all"], off[r["path"], r["concurrency"]]
+        server = r.get("server") or {}  # the server's own view (absent from older runs)
         rows.append([
             r["path"], r["concurrency"], "off" if r["logprobs"] is None else r["logprobs"],
             f"{m['median_tpot_ms']:.2f}", f"{m['median_tpot_ms'] / base['median_tpot_ms']:.3f}",
             f"{m['median_itl_ms']:.2f}", f"{m['p99_itl_ms']:.1f}", f"{m['median_ttft_ms']:.0f}",
+            *(f"{server[k]:.2f}" if server.get(k) else "–" for k in ("engine_ms_per_step", "api_mean_tpot_ms")),
         ])  # fmt: skip
-    header = ["path", "concurrency", "logprobs", "TPOT ms", "÷ off", "ITL p50 ms", "ITL p99 ms", "TTFT p50 ms"]
+    header = ["path", "concurrency", "logprobs", "TPOT ms", "÷ off", "ITL p50 ms", "ITL p99 ms", "TTFT p50 ms",
+              "engine ms/step", "API mean TPOT ms"]  # fmt: skip
     lines += _table(header, rows)
     for r in (r for r in d["rows"] if r.get("mixed")):
         others = r["metrics"]["no_logprobs"]["median_tpot_ms"]
