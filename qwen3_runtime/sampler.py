@@ -65,9 +65,8 @@ def sample_raw(
     one pass forms each token's processed value, its noise and the argmax. `cutoff` (filter_cutoffs; None for a
     batch without top-k or top-p) says which tokens top-k and top-p keep. Rows with write_rows != 0 get their
     processed logits written over `logits`."""
-    _, shift, floor = _scaling(params, peak)
     if use_triton(logits):
-        transform = (shift, floor, write_rows, cutoff)
+        transform = (peak, params.min_p, write_rows, cutoff)
         return gumbel_sample(
             logits, params.temperature, params.seed, params.position, GREEDY_BELOW, NOISE_BITS, transform
         )
@@ -87,9 +86,8 @@ def filter_cutoffs(
     are >= it; the smallest key for rows with neither filter, the largest where nothing is kept. The row's keys
     are sorted, or with top_k_cap (every filtering random row asks 0 < top_k <= top_k_cap) only the `top_k_cap`
     largest selected. Top-p sums the kept probabilities in float64, in the sort's order."""
-    temperature, shift, floor = _scaling(params, peak)
     if use_triton(logits):
-        keys = order_keys(logits, temperature, shift, floor)
+        keys = order_keys(logits, params.temperature, peak, params.min_p, GREEDY_BELOW)
     else:
         keys = order_keys_reference(processed_logits(logits, params, peak, filtered=False))
     if top_k_cap is None:

@@ -9,9 +9,9 @@ sampler.gumbel_from_bits; none on greedy rows), added to its logit, and the chun
 lowest id (largest_first: NaN counts as the largest value and the first NaN's id wins, as in
 torch.argmax). Stage 2 is greedy decoding's own row reduce over the chunks.
 
-With a row transform (shift, floor, cutoff; sampler.sample_raw), the kernel reads raw logits and forms the
-processed value of each token itself, as sampler.processed_logits does: (x - shift) / temperature, -inf below
-the floor (min-p) and, with a cutoff key, for tokens whose order key is below it (top-k and top-p: the kept
+With a row transform (peak, min-p, cutoff; sampler.sample_raw), the kernel reads raw logits and forms the
+processed value of each token itself, as sampler.processed_logits does: scaled by temperature, -inf below the
+min-p floor and, with a cutoff key, for tokens whose order key is below it (top-k and top-p: the kept
 tokens are a prefix of the stable descending order, so one key per row says which). Rows flagged in
 `write_rows` get those values stored over their logits (their logprobs are of the processed distribution);
 the [B, V] processed tensor is never built for the others. `order_keys` gives the keys the cutoff is found
@@ -78,33 +78,47 @@ def order_key(value, ids, vocab):
 
 
 @triton.jit
-def _processed(x, row, shift_ptr, temperature, floor_ptr):
-    """sampler.processed_logits's scaling and min-p of a random row's raw logits x. IEEE division, as torch's:
-    the values are bit-identical to the reference's."""
-    processed = tl.math.div_rn(x - tl.load(shift_ptr + row), temperature)
-    return tl.where(processed < tl.load(floor_ptr + row), float("-inf"), processed)
+def _processed(x, row, temperature, peak_ptr, min_p_ptr, LIBDEVICE: tl.constexpr):
+    """sampler.processed_logits of a random row's raw logits x, the row's terms (sampler._scaling) formed here
+    from its peak and min-p rather than by a dozen [B] kernels per step: the shift keeping peak / temperature
+    finite, then (x - shift) / temperature, -inf below the min-p floor. IEEE division and CUDA's logf, as
+    torch's: the values are bit-identical to the reference's."""
+    peak = tl.load(peak_ptr + row)
+    overflows = (tl.abs(peak) < float("inf")) & ~(tl.abs(tl.math.div_rn(peak, temperature)) < float("inf"))
+    shift = tl.where(overflows, peak, 0.0)
+    min_p = tl.load(min_p_ptr + row)
+    log_min_p = libdevice.log(min_p) if LIBDEVICE else tl.log(min_p)
+    floor = tl.math.div_rn(peak - shift, temperature) + log_min_p
+    processed = tl.math.div_rn(x - shift, temperature)
+    return tl.where(processed < floor, float("-inf"), processed)
 
 
 @triton.jit
-def _keys_kernel(logits_ptr, temperature_ptr, shift_ptr, floor_ptr, keys_ptr, vocab, stride_row, CHUNK: tl.constexpr):
+def _keys_kernel(
+    logits_ptr, temperature_ptr, peak_ptr, min_p_ptr, keys_ptr, vocab, stride_row, greedy_below,
+    CHUNK: tl.constexpr, LIBDEVICE: tl.constexpr,
+):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     ids = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(logits_ptr + row * stride_row + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
-    value = _processed(x, row, shift_ptr, tl.load(temperature_ptr + row), floor_ptr)
+    temperature = tl.maximum(tl.load(temperature_ptr + row), greedy_below)  # greedy rows' keys go unused
+    value = _processed(x, row, temperature, peak_ptr, min_p_ptr, LIBDEVICE)
     tl.store(keys_ptr + row * vocab + ids, order_key(value, ids, vocab), mask=ids < vocab)
 
 
 def order_keys(
-    logits: torch.Tensor, temperature: torch.Tensor, shift: torch.Tensor, floor: torch.Tensor
+    logits: torch.Tensor, temperature: torch.Tensor, peak: torch.Tensor, min_p: torch.Tensor, greedy_below: float
 ) -> torch.Tensor:
-    """[B, V] int64 order keys (`order_key`) of the processed logits, (x - shift) / temperature with -inf below
-    floor, from raw fp32 logits in one pass (temperature >= the greedy threshold on every row)."""
+    """[B, V] int64 order keys (`order_key`) of the processed logits (`_processed`: scaled by temperature, -inf
+    below min-p) from raw fp32 logits and their row maxima `peak`, in one pass."""
     rows, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1
     keys = torch.empty(rows, vocab, dtype=torch.int64, device=logits.device)
     if rows:
-        grid = (rows, triton.cdiv(vocab, CHUNK))
-        _keys_kernel[grid](logits, temperature, shift, floor, keys, vocab, logits.stride(0), CHUNK=CHUNK)
+        _keys_kernel[(rows, triton.cdiv(vocab, CHUNK))](
+            logits, temperature, peak, min_p, keys, vocab, logits.stride(0), greedy_below, CHUNK=CHUNK,
+            LIBDEVICE=not TRITON_INTERPRET,
+        )  # fmt: skip
     return keys
 
 
@@ -114,8 +128,8 @@ def _chunk_kernel(
     temperature_ptr,
     seed_ptr,
     position_ptr,
-    shift_ptr,
-    floor_ptr,
+    peak_ptr,
+    min_p_ptr,
     write_ptr,
     cutoff_ptr,
     chunk_max_ptr,
@@ -144,7 +158,7 @@ def _chunk_kernel(
     processed = x
     if TRANSFORM:
         if is_random:
-            processed = _processed(x, row, shift_ptr, temperature, floor_ptr)
+            processed = _processed(x, row, temperature, peak_ptr, min_p_ptr, LIBDEVICE)
             if CUTOFF:
                 kept = order_key(processed, ids, vocab) >= tl.load(cutoff_ptr + row)
                 processed = tl.where(kept, processed, float("-inf"))
@@ -168,10 +182,10 @@ def gumbel_sample(
 ) -> torch.Tensor:
     """Token ids [B] int64: argmax over each row of fp32 `processed` [B, V] plus the row's Gumbel noise, or
     of `processed` alone where temperature < greedy_below. Ties go to the lower id; a row holding a NaN
-    gets its first NaN's id. `transform` (shift [B] f32, floor [B] f32, write_rows [B] int, cutoff [B] int64 or
-    None): `processed` holds raw logits, and random rows sample from (x - shift) / temperature, -inf below floor
-    and where the token's order key is below cutoff; rows with write_rows != 0 get those values written over
-    theirs. Allocates only by (B, V): capturable in a CUDA graph."""
+    gets its first NaN's id. `transform` (peak [B] f32: each row's largest logit, min_p [B] f32, write_rows [B]
+    int, cutoff [B] int64 or None): `processed` holds raw logits, and random rows sample from their processed
+    values (`_processed`), -inf where the token's order key is below cutoff; rows with write_rows != 0 get those
+    values written over theirs. Allocates only by (B, V): capturable in a CUDA graph."""
     rows, vocab = processed.shape
     assert processed.dtype == torch.float32 and processed.stride(1) == 1 and noise_bits <= 23
     assert seed.dtype == position.dtype == torch.int64 and temperature.dtype == torch.float32

@@ -200,8 +200,10 @@ def test_matches_the_reference_on_gpu_at_qwen3_vocab(rows):
     assert torch.isfinite(processed[torch.arange(rows), tokens]).all()
 
 
-@pytest.mark.parametrize("vocab", [100, 2 * CHUNK + 77])
-@pytest.mark.parametrize("filters", ["none", "top_k", "top_p"])
+@pytest.mark.parametrize(
+    "vocab, filters",
+    [(v, f) for v in (100, 2 * CHUNK + 77) for f in ("none", "top_k", "top_p")] + [(VOCAB, "top_p")],  # Qwen3's
+)
 def test_raw_logits_sample_as_their_processed_ones_and_flagged_rows_are_written(vocab, filters):
     """sample_raw (the kernel's scaling, min-p, top-k/top-p cutoff and noise in one pass; the cutoffs from the
     order-keys kernel) against sample(processed_logits(...)), the sort-based reference: the same tokens, and the
