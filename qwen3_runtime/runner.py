@@ -229,8 +229,7 @@ class ModelRunner:
     def _copy_out(
         self, reqs: list[Request], lp_logits: torch.Tensor | None, prompt_spans: list[ScoredSpan] | None = None
     ) -> StepInFlight:
-        buffer = self.outputs.next_buffer()
-        self.outputs.copy_out(buffer, len(reqs))
+        buffer = self.outputs.copy_out(len(reqs))
         slots = [req.reserve_output_slot() for req in reqs]
         return StepInFlight(reqs, slots, buffer, lp_logits, prompt_spans or [])
 

@@ -24,26 +24,24 @@ class StepOutputs:
         self._copy_stream = torch.cuda.Stream(device) if pinned else None
         self._copied = [torch.cuda.Event() for _ in range(2)] if pinned else None
 
-    def next_buffer(self) -> int:
-        """The buffer the step before did not use; its last results, those of the step two before, must
-        have been read by now."""
+    def copy_out(self, num_rows: int) -> int:
+        """The step's `latest` rows into the buffer the step before did not use, then its one device-to-host copy,
+        queued on the copy stream; returns the buffer. Its last results, those of the step two before, must have
+        been read by now."""
         if self._unread[self._buffer ^ 1]:
             raise RuntimeError("a step was launched before the results of the step two before it were read")
-        self._buffer ^= 1
-        return self._buffer
-
-    def copy_out(self, buffer: int, num_rows: int) -> None:
-        """The step's `latest` rows into the buffer, then its one device-to-host copy, queued on the copy stream."""
+        self._buffer = buffer = self._buffer ^ 1
         self._unread[buffer] = True
         source, target = self.packed[buffer, :num_rows], self.host[buffer, :num_rows]
         source.copy_(self.latest[:num_rows])  # on the step's stream: before the next step overwrites latest
         if self._copy_stream is None:
             target.copy_(source)
-            return
+            return buffer
         self._copy_stream.wait_stream(torch.cuda.current_stream(self.packed.device))
         with torch.cuda.stream(self._copy_stream):
             target.copy_(source, non_blocking=True)
             self._copied[buffer].record()
+        return buffer
 
     def wait(self, buffer: int, num_rows: int) -> np.ndarray:
         """The step's one synchronisation: its copy has landed (a step after it may still run). Returns

@@ -11,11 +11,9 @@ from qwen3_runtime.step_output import StepOutputs
 def test_results_copied_out_survive_the_next_step_and_buffers_alternate():
     outputs = StepOutputs(max_rows=4, width=3, device=torch.device("cpu"), stats=RunnerStats())
     outputs.latest[:2] = torch.tensor([[1, 0, 7], [2, 0, 8]], dtype=torch.int32)
-    first = outputs.next_buffer()
-    outputs.copy_out(first, 2)
+    first = outputs.copy_out(2)
     outputs.latest[:3] = 9  # the next step packs over latest before the first is read
-    second = outputs.next_buffer()
-    outputs.copy_out(second, 3)
+    second = outputs.copy_out(3)
 
     assert first != second
     assert outputs.wait(first, 2).tolist() == [[1, 0, 7], [2, 0, 8]]
@@ -25,7 +23,7 @@ def test_results_copied_out_survive_the_next_step_and_buffers_alternate():
 
 def test_a_buffer_is_not_reused_before_its_results_are_read():
     outputs = StepOutputs(max_rows=2, width=3, device=torch.device("cpu"), stats=RunnerStats())
-    outputs.copy_out(outputs.next_buffer(), 1)
-    outputs.copy_out(outputs.next_buffer(), 1)
+    outputs.copy_out(1)
+    outputs.copy_out(1)
     with pytest.raises(RuntimeError, match="two before"):
-        outputs.next_buffer()
+        outputs.copy_out(1)
