@@ -109,6 +109,11 @@ class RequestUpdate:
     error: str | None
     num_prompt_tokens: int
 
+    def __reduce__(self) -> tuple:
+        # As TokenLogprob's: the engine process pickles one per request per step.
+        fields = (self.token_ids, self.logprobs, self.prompt_logprobs, self.finish_reason, self.error)
+        return RequestUpdate, (self.request_id, *fields, self.num_prompt_tokens)
+
 
 @dataclass
 class RequestMetrics:

@@ -11,7 +11,6 @@ Usage: python -m scripts.bench_serving [--config qwen3-4b] [--quick] --out DIR
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import socket
 import statistics
@@ -25,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from scripts.bench_serve import BenchConfig, run_benchmark
+from scripts.bench_serve import BenchConfig, benchmark
 from scripts.report import environment, unlabelled_samples
 
 LOGPROBS = [None, 1, 5]
@@ -67,9 +66,9 @@ def serve_cell(url: str, concurrency: int, logprobs: int | None, args, **extra) 
         base_url=url, num_prompts=concurrency * args.waves, input_len=args.prompt_len, output_len=args.max_tokens,
         max_concurrency=concurrency, logprobs=logprobs, warmup=0, seed=concurrency, **extra,
     )  # fmt: skip
-    asyncio.run(run_benchmark(replace(cfg, num_prompts=concurrency)))  # warm-up
+    benchmark(replace(cfg, num_prompts=concurrency))  # warm-up
     before = scrape(url)
-    report = asyncio.run(run_benchmark(cfg))
+    report = benchmark(cfg)
     server = server_view(before, scrape(url), report["duration_s"])
     return {"concurrency": concurrency, "logprobs": logprobs, "server": server,
             **{k: report[k] for k in ("metrics", "duration_s")}}  # fmt: skip

@@ -1,6 +1,7 @@
 import dataclasses
 import json
 import math
+import pickle
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import torch
 from qwen3_runtime import SamplingParams, packing
 from qwen3_runtime.logprobs import TokenLogprob
 from qwen3_runtime.packing import PackedLogprobs, StepLogprobs, packed_width, plain_logprobs
+from qwen3_runtime.request import RequestUpdate
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 _unpack = packing.unpack_rows
@@ -91,3 +93,12 @@ def test_outputs_are_plain_data_that_json_round_trips(make_runtime, path, mode):
     assert data["logprobs"][0]["top_logprobs"] == out.logprobs[0].top_logprobs and len(data["logprobs"]) == 3
     top = [v for e in out.logprobs for v in e.top_logprobs]
     assert any(math.isinf(v) for v in top) == (mode == "processed")  # top-k 2 of 4: -inf, written -Infinity
+
+
+def test_updates_and_logprobs_pickle_to_equal_objects():
+    """The engine process pickles them to the API process every step, by their own __reduce__."""
+    lp = TokenLogprob(7, -0.5, 2, 1.25, [3, 7], [-0.25, -0.5])
+    update = RequestUpdate("req-1", [7], [lp], [None, lp], "stop", "why", 4)
+    back = pickle.loads(pickle.dumps(update))
+    assert back == update and dataclasses.fields(back) == dataclasses.fields(update)
+    assert type(back.logprobs[0]) is TokenLogprob and back.logprobs[0] == lp

@@ -150,8 +150,10 @@ def test_token_bytes_and_strings(tok: Tokenizer) -> None:
     assert tok.token_strings([151667]) == ["<think>"]
     # The model's embedding is padded past the vocabulary (151936 rows); a random-weight model samples those ids.
     assert tok.token_bytes(151935) == b"" and tok.decode([9707, 151935]) == "Hello"
-    with pytest.raises(ValueError, match="negative"):
-        tok.token_bytes(-1)
+    assert tok.token_strings([151935]) == [""]
+    for bad in (lambda: tok.token_bytes(-1), lambda: tok.token_strings([5, -1])):
+        with pytest.raises(ValueError, match="negative"):
+            bad()
 
 
 # --- chat template --------------------------------------------------------------------------------------------------

@@ -28,6 +28,11 @@ class TokenLogprob:
     top_ids: list[int]
     top_logprobs: list[float]
 
+    def __reduce__(self) -> tuple:
+        # Rebuilt from its fields in order: unpickles several times faster than a slotted dataclass's default
+        # (the server's API process unpickles every step's logprobs).
+        return TokenLogprob, (self.token_id, self.logprob, self.rank, self.logsumexp, self.top_ids, self.top_logprobs)
+
 
 def _as_float64(row) -> np.ndarray:
     """A float64 copy of a NumPy array or a (CPU or device) torch tensor of any float dtype."""

@@ -30,6 +30,7 @@ def serve(
 ) -> None:
     """Raises ConfigError for a bad config, EngineStartError when the engine cannot build the Runtime."""
     tokenizer = load_tokenizer(load_config(config, overrides).model)  # checks the config before a spawn
+    tokenizer.load_token_tables()
     metrics = ServerMetrics()
     client = EngineClient(config, overrides, metrics)
     limits = client.start()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -31,7 +32,6 @@ class Tokenizer:
         added = hf_tokenizer.get_added_tokens_decoder()
         self._added_content: dict[int, str] = {i: t.content for i, t in added.items()}
         self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
-        self._bytes_cache: list[bytes] | None = None
         if chat_template is not None:
             compile_template(chat_template)
 
@@ -78,20 +78,27 @@ class Tokenizer:
     def token_to_id(self, token: str) -> int | None:
         return self._tok.token_to_id(token)
 
-    def _byte_table(self) -> list[bytes]:
-        # Built on first use (~0.1 s): only logprobs and streaming need raw bytes.
-        if self._bytes_cache is None:
-            to_byte = _unicode_to_bytes()
-            table = [b""] * self.vocab_size
-            for token, i in self._tok.get_vocab(with_added_tokens=False).items():
-                try:
-                    table[i] = bytes(to_byte[c] for c in token)
-                except KeyError:  # not a byte-level token: take its text
-                    table[i] = token.encode("utf-8")
-            for i, content in self._added_content.items():
-                table[i] = content.encode("utf-8")
-            self._bytes_cache = table
-        return self._bytes_cache
+    def load_token_tables(self) -> None:
+        """Build the per-token bytes and text tables now rather than on first use (the server does, so the first
+        request asking for logprobs does not wait for them)."""
+        _ = self._token_texts  # built from the bytes table, which this builds too
+
+    @functools.cached_property
+    def _token_bytes(self) -> list[bytes]:
+        to_byte = _unicode_to_bytes()
+        table = [b""] * self.vocab_size
+        for token, i in self._tok.get_vocab(with_added_tokens=False).items():
+            try:
+                table[i] = bytes(to_byte[c] for c in token)
+            except KeyError:  # not a byte-level token: take its text
+                table[i] = token.encode("utf-8")
+        for i, content in self._added_content.items():
+            table[i] = content.encode("utf-8")
+        return table
+
+    @functools.cached_property
+    def _token_texts(self) -> list[str]:
+        return [raw.decode("utf-8", errors="replace") for raw in self._token_bytes]
 
     def token_bytes(self, token_id: int) -> bytes:
         """The raw bytes of one token: a piece of a multi-byte character gives just its bytes (OpenAI logprobs).
@@ -101,12 +108,18 @@ class Tokenizer:
         """
         if token_id < 0:
             raise ValueError(f"negative token id {token_id}")
-        table = self._byte_table()
+        table = self._token_bytes
         return table[token_id] if token_id < len(table) else b""
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         """Each token's own text; a token holding part of a character shows U+FFFD there (its bytes stay exact)."""
-        return [self.token_bytes(i).decode("utf-8", errors="replace") for i in ids]
+        texts = self._token_texts
+        out = []
+        for i in ids:
+            if i < 0:
+                raise ValueError(f"negative token id {i}")
+            out.append(texts[i] if i < len(texts) else "")
+        return out
 
     # --- chat ---------------------------------------------------------------------------------------------------
 
