@@ -209,10 +209,13 @@ class Qwen3ForCausalLM(nn.Module):
             x, residual = layer(x, residual, positions, self.model.rotary, layer_cache, meta)
         return self.model.norm(x, residual)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """fp32 logits. On the GPU the bf16 operands accumulate in fp32 and the product is written in
-        fp32 directly: rounded to bf16, a logit of 20 would only be good to +-0.06."""
+    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+        """fp32 logits (into `out` when given). On the GPU the bf16 operands accumulate in fp32 and the product
+        is written in fp32 directly: rounded to bf16, a logit of 20 would only be good to +-0.06."""
         weight = self.lm_head.weight
         if hidden.is_cuda and hidden.dtype != torch.float32:
-            return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
-        return F.linear(hidden, weight).float()
+            if out is None:
+                return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
+            return torch.mm(hidden, weight.t(), out_dtype=torch.float32, out=out)
+        logits = F.linear(hidden, weight).float()
+        return logits if out is None else out.copy_(logits)

@@ -92,6 +92,9 @@ class ModelRunner:
             max_rows, model.config.num_key_value_heads, dtype=torch.int32, device=self.device
         )
         self.penalties = PenaltySlots.allocate(max_rows, vocab, model.config.eos_token_ids, self.device)
+        # The decode step's logits: static, so every graph's output is this one buffer rather than logits of its
+        # own held in the shared pool (they would add up over the buckets and variants).
+        self.logits = torch.empty(max_rows, vocab, dtype=torch.float32, device=self.device)
         variants = [
             (variant, penalized) for variant in (GREEDY, RANDOM, TOP_K, FILTERED) for penalized in (False, True)
         ]
@@ -197,12 +200,13 @@ class ModelRunner:
         # With async scheduling, rows fed by the step in flight read its sampled token (column 0).
         fed_from = (inp.prev_row[rows], self.outputs.latest[:, 0]) if self.async_scheduling else None
         hidden = self.model(inp.input_ids[rows], inp.positions[rows], self.kv_cache, meta, fed_from)
-        return self._sample_and_reduce(self.model.compute_logits(hidden), padded_rows, variant, penalized)
+        logits = self.model.compute_logits(hidden, out=self.logits[:padded_rows])
+        return self._sample_and_reduce(logits, padded_rows, variant, penalized)
 
     def _sample_and_reduce(self, logits: torch.Tensor, rows: int, variant: str, penalized: bool) -> torch.Tensor:
         """Penalize, sample, reduce the rows that asked for logprobs, pack it all into `latest`'s first `rows`,
-        count the penalized rows' tokens. Returns the logits the logprobs are taken from (raw, or processed per
-        row: what was sampled from, penalties included)."""
+        count the penalized rows' tokens. Returns `logits`, holding what the logprobs are taken from (raw, or
+        processed per row: what was sampled from, penalties included)."""
         inp = self.stager.inputs
         penalized_logits = self.penalties.apply(logits, inp, rows) if penalized else logits
         if variant == GREEDY:
@@ -214,9 +218,11 @@ class ModelRunner:
             if variant != RANDOM:  # top-k and top-p: the keys' selection (TOP_K) or sort (FILTERED)
                 cutoff = filter_cutoffs(penalized_logits, params, peak, TOP_K_CAP if variant == TOP_K else None)
             tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows], cutoff)
-        lp_logits = logits  # raw logprobs are of the logits before penalties, processed ones of what was sampled
+        # Raw logprobs are of the logits before penalties, processed ones of what was sampled: written over the
+        # raw logits, which nothing reads after this.
+        lp_logits = logits
         if penalized:
-            lp_logits = torch.where(inp.processed[:rows, None] != 0, penalized_logits, logits)
+            torch.where(inp.processed[:rows, None] != 0, penalized_logits, logits, out=lp_logits)
         out = self.logprobs.head(rows)
         reduce_logprobs(
             lp_logits, tokens, inp.num_top[:rows], self.routing.k_max, row_mask=inp.wants_logprobs[:rows], out=out

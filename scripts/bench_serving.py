@@ -91,17 +91,19 @@ def server_view(before: dict[str, float], after: dict[str, float], duration_s: f
     }
 
 
-def offline_tpot(config: str, concurrency: int, args) -> float:
-    """Median TPOT (ms) of the same workload through the Python API, in this process."""
+def offline_tpots(config: str, args) -> dict[int, float]:
+    """Median TPOT (ms) of the same workload through the Python API, in this process, per concurrency."""
     from qwen3_runtime import Runtime, SamplingParams
 
     rt = Runtime.from_yaml(config, overrides=dict(o.split("=", 1) for o in args.set) or None)
-    prompts = np.random.default_rng(concurrency).integers(0, 151643, (concurrency, args.prompt_len)).tolist()
     params = SamplingParams(max_tokens=args.max_tokens, temperature=0, ignore_eos=True)
-    rt.generate(prompts, params)  # warm-up
-    tpots = [o.tpot for _ in range(args.waves) for o in rt.generate(prompts, params)]
+    tpots = {}
+    for c in args.concurrency:
+        prompts = np.random.default_rng(c).integers(0, 151643, (c, args.prompt_len)).tolist()
+        rt.generate(prompts, params)  # warm-up
+        tpots[c] = 1e3 * statistics.median(o.tpot for _ in range(args.waves) for o in rt.generate(prompts, params))
     del rt
-    return 1e3 * statistics.median(tpots)
+    return tpots
 
 
 def main() -> None:
@@ -141,7 +143,7 @@ def main() -> None:
                 add({"path": path, "mixed": True, **serve_cell(url, 8, 5, args, logprobs_clients=1)})
                 others, off = rows[-1]["metrics"]["no_logprobs"], served_off(rows, 8)
                 print(f"mixed c=8, one logprobs=5 client: the others' TPOT x{others['median_tpot_ms'] / off:.3f}")
-    result["offline_tpot_ms"] = {c: offline_tpot(args.config, c, args) for c in args.concurrency}
+    result["offline_tpot_ms"] = offline_tpots(args.config, args)
     (args.out / "serving.json").write_text(json.dumps(result, indent=1))
     for c, tpot in result["offline_tpot_ms"].items():
         print(f"c={c}: offline TPOT {tpot:.2f} ms, through the server x{served_off(rows, c) / tpot:.3f}")

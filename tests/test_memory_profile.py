@@ -28,12 +28,13 @@ def test_the_profile_steps_run_and_leave_the_runner_as_it_was(make_runtime, tiny
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_worst_allowed_shapes_fit_after_the_kv_cache_took_its_share():
-    """A KV cache capped by memory (64 sequences of 32k tokens would need ~235 GB), then every row asking
-    logprobs 20 with top-p (the sort) and a penalty, beside a full-budget prompt asking prompt logprobs 20."""
+    """A KV cache capped by memory (the default 256 sequences of 32k tokens would need ~960 GB), with the decode
+    graphs captured for 256 rows after it, then every row asking logprobs 20 with top-p (the sort) and a penalty,
+    beside a full-budget prompt asking prompt logprobs 20."""
     rt = Runtime.from_yaml(
-        "qwen3-0.6b",
-        overrides={"engine.max_model_len": 32768, "engine.gpu_memory_utilization": 0.97, "engine.max_num_seqs": 64},
+        "qwen3-0.6b", overrides={"engine.max_model_len": 32768, "engine.gpu_memory_utilization": 0.97}
     )
+    assert rt.config.engine.max_num_seqs == 256
     engine = rt.config.engine
     assert rt.scheduler.blocks.num_blocks < engine.max_num_seqs * engine.max_model_len // engine.block_size
     g = torch.Generator().manual_seed(0)

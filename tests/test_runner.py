@@ -340,6 +340,8 @@ def test_graph_eager_and_host_paths_agree(config):
         runs[name] = _run_joining(rt, _gpu_requests(rt.vocab_size))
         if overrides.get("engine.cuda_graphs", True):  # greedy, random, top_k, filtered x penalized or not
             assert len(rt.runner.graphs.graphs) == 8 * len(rt.runner.graphs.buckets)
+            # Every graph's output is the one static logits buffer: none holds logits of its own in the pool.
+            assert {out.data_ptr() for _, out in rt.runner.graphs.graphs.values()} == {rt.runner.logits.data_ptr()}
             assert len(rt.runner.prefill_graphs.graphs) == len(rt.runner.prefill_graphs.buckets)
         del rt
         torch.cuda.empty_cache()
