@@ -41,10 +41,12 @@ for step in $steps; do
     # then, in the next call while the machine is warm, the offline replay and every check. In bf16 a request's
     # logits depend on the batch shape it ran in (cuBLAS picks kernels by rows, attention splits by batch), so
     # the replay allows bf16's rounding (docs/BENCHMARKS.md, Soak): float32 runs the matmuls without tensor cores.
+    # A KV cache of 4,096 blocks (65,536 tokens), so that the bursts of long prompts preempt.
     soak) run python3 -m scripts.soak --serve "$OUT/soak_server.log" --config qwen3-4b --requests 10000 \
-            --concurrency 64 --save /tmp/soak_load.pkl --replay-max 0 --out "$OUT/soak_load.json" ;;
+            --set engine.num_kv_blocks=4096 --concurrency 64 --save /tmp/soak_load.pkl --replay-max 0 \
+            --out "$OUT/soak_load.json" ;;
     soak_replay) run python3 -m scripts.soak --replay-from /tmp/soak_load.pkl --config qwen3-4b \
-                   --replay-group 64 --tol 0.2 --tie-tol 0.2 --out "$OUT/soak.json" ;;
+                   --set engine.num_kv_blocks=4096 --replay-group 64 --tol 0.2 --tie-tol 0.2 --out "$OUT/soak.json" ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done
