@@ -43,7 +43,7 @@ for step in $steps; do
     # the replay allows bf16's rounding (docs/BENCHMARKS.md, Soak): float32 runs the matmuls without tensor cores.
     # A KV cache of 4,096 blocks (65,536 tokens), so that the bursts of long prompts preempt.
     soak) run python3 -m scripts.soak --serve "$OUT/soak_server.log" --config qwen3-4b --requests 10000 \
-            --set engine.num_kv_blocks=4096 --concurrency 64 --save /tmp/soak_load.pkl --replay-max 0 \
+            --set engine.num_kv_blocks=4096 --concurrency 64 --duration-limit 430 --save /tmp/soak_load.pkl --replay-max 0 \
             --out "$OUT/soak_load.json" ;;
     soak_replay) run python3 -m scripts.soak --replay-from /tmp/soak_load.pkl --config qwen3-4b \
                    --set engine.num_kv_blocks=4096 --replay-group 64 --tol 0.2 --tie-tol 0.2 --out "$OUT/soak.json" ;;
