@@ -189,6 +189,19 @@ class StepLogprobs(Sequence):
         return [new if packed else entry for new, entry, packed in zip(built, self.entries, is_row)]
 
 
+def build_latest(logprobs: list[StepLogprobs]) -> None:
+    """Build each one's last entry into a TokenLogprob in place, the packed rows among them in one unpack_rows
+    per num_top: a step's streamed requests all read theirs, and one by one the unpacks cost host time in the
+    step loop."""
+    groups: dict[int, list[StepLogprobs]] = {}
+    for lps in logprobs:
+        if lps.entries and isinstance(lps.entries[-1], np.ndarray):
+            groups.setdefault(lps.num_top, []).append(lps)
+    for num_top, group in groups.items():
+        for lps, built in zip(group, unpack_rows(np.stack([lps.entries[-1] for lps in group]), num_top)):
+            lps.entries[-1] = built
+
+
 def _built_where(mask: list[bool], rows: np.ndarray | None, num_top: int) -> list[TokenLogprob | None]:
     """One entry per `mask` value: the next of `rows` built (all in one unpack_rows) where True, else None."""
     built = iter(unpack_rows(rows, num_top) if rows is not None else [])

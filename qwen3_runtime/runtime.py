@@ -17,6 +17,7 @@ from qwen3_runtime.device import num_kv_blocks, resolve_device, resolve_dtype
 from qwen3_runtime.kv_cache import allocate_kv_cache
 from qwen3_runtime.loader import load_model
 from qwen3_runtime.memory_profile import worst_step_bytes
+from qwen3_runtime.packing import build_latest
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate, Status
 from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
@@ -157,7 +158,7 @@ class Runtime:
         """Read a launched step: each request's token and logprobs, and the requests that end with them."""
         results = self.runner.collect(step)
         now = time.perf_counter()
-        finished = []
+        finished, streamed = [], []
         for req, slot, result in zip(step.reqs, step.output_slots, results):
             if req.status is Status.FINISHED:  # it ended with the step before: this row is discarded
                 continue
@@ -166,7 +167,9 @@ class Runtime:
             if reason:
                 finished.append(self._finish(req, slot, reason, now))
             if req.stream:
-                self._updates.append(req.update(slot, reason))
+                streamed.append((req, slot, reason))
+        build_latest([req.logprobs for req, _, _ in streamed if req.params.logprobs is not None])
+        self._updates += [req.update(slot, reason) for req, slot, reason in streamed]
         return finished
 
     def _append(self, req: Request, slot: int, result: RowResult, now: float) -> None:

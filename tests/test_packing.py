@@ -3,7 +3,15 @@ import pytest
 import torch
 
 from qwen3_runtime.logprobs import LogprobBuffers
-from qwen3_runtime.packing import PackedLogprobs, StepLogprobs, pack, pack_reference, packed_width, unpack_rows
+from qwen3_runtime.packing import (
+    PackedLogprobs,
+    StepLogprobs,
+    build_latest,
+    pack,
+    pack_reference,
+    packed_width,
+    unpack_rows,
+)
 
 
 def _packed_pair():
@@ -91,3 +99,17 @@ def test_step_logprobs_keep_packed_rows_until_read():
     entries.append(reference)  # host path: already a TokenLogprob
     assert len(entries) == 2 and isinstance(entries.entries[0], np.ndarray)
     assert entries[0] == reference == entries[-1] and entries[:] == [reference, reference]
+
+
+def test_build_latest_builds_each_last_packed_row_in_place():
+    host = _packed_pair()
+    one, two, three = StepLogprobs(1), StepLogprobs(2), StepLogprobs(2)
+    for entries, row in ((one, host[1]), (two, host[0]), (three, host[1])):
+        entries.append(host[0].copy())  # an earlier step's row stays packed
+        entries.append(row.copy())
+    built_already, empty = StepLogprobs(2), StepLogprobs(2)
+    built_already.append(unpack_rows(host[:1], 2)[0])
+    build_latest([one, two, three, built_already, empty])
+    assert one.entries[-1] == unpack_rows(host[1:], 1)[0] and two.entries[-1] == unpack_rows(host[:1], 2)[0]
+    assert three.entries[-1] == unpack_rows(host[1:], 2)[0] and built_already[0] == unpack_rows(host[:1], 2)[0]
+    assert all(isinstance(e.entries[0], np.ndarray) for e in (one, two, three)) and len(empty) == 0

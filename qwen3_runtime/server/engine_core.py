@@ -6,7 +6,6 @@ state with no request left. It exits when the API process's end of the pipe clos
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import traceback
@@ -86,11 +85,12 @@ class EngineLoop:
 
     def _publish(self) -> None:
         updates, self.rejected = self.rejected, []
-        for up in self.rt.take_updates():
+        for up in self.rt.take_updates():  # fresh objects, renamed in place
             client_id = self.client_ids[up.request_id]
             if up.finish_reason is not None:
                 del self.client_ids[up.request_id], self.engine_ids[client_id]
-            updates.append(dataclasses.replace(up, request_id=client_id))
+            up.request_id = client_id
+            updates.append(up)
         if updates or not self.rt.has_unfinished():  # idle: the stats once it is, so /metrics is not stale
             self.outbox.send(StepBatch(updates, self._stats()))
 
