@@ -45,8 +45,17 @@ def update(stored: dict, result_dir: Path) -> dict:
         with_host = [lp for lp in stored.get("logprobs", []) if has_host(lp)][:1]
         stored["logprobs"] = [latest] + ([] if has_host(latest) else with_host)
     if (result_dir / "serving.json").exists():
-        stored["serving"] = json.loads((result_dir / "serving.json").read_text())
+        stored["serving"] = with_host_rows(json.loads((result_dir / "serving.json").read_text()), stored.get("serving"))
     return stored
+
+
+def with_host_rows(latest: dict, old: dict | None) -> dict:
+    """A serving run without the host path keeps the host rows of the last run that had them, marked with its
+    commit (their ratios stay within that run)."""
+    if old is None or any(r["path"] == "host" for r in latest["rows"]):
+        return latest
+    carried = [{"carried_from": old["commit"], **r} for r in old["rows"] if r["path"] == "host"]
+    return {**latest, "rows": latest["rows"] + carried}
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
@@ -198,8 +207,9 @@ def serving(d: dict) -> list[str]:
     for r in plain:
         m, base = r["metrics"]["all"], off[r["path"], r["concurrency"]]
         server = r.get("server") or {}  # the server's own view (absent from older runs)
+        path = r["path"] + (f" (`{r['carried_from']}`)" if "carried_from" in r else "")
         rows.append([
-            r["path"], r["concurrency"], "off" if r["logprobs"] is None else r["logprobs"],
+            path, r["concurrency"], "off" if r["logprobs"] is None else r["logprobs"],
             f"{m['median_tpot_ms']:.2f}", f"{m['median_tpot_ms'] / base['median_tpot_ms']:.3f}",
             f"{m['median_itl_ms']:.2f}", f"{m['p99_itl_ms']:.1f}", f"{m['median_ttft_ms']:.0f}",
             *(f"{server[k]:.2f}" if server.get(k) else "–" for k in ("engine_ms_per_step", "api_mean_tpot_ms")),
@@ -212,16 +222,18 @@ def serving(d: dict) -> list[str]:
         base = off[r["path"], r["concurrency"]]["median_tpot_ms"]
         lines += ["", f"Mixed, concurrency {r['concurrency']} with one logprobs={r['logprobs']} client ({r['path']} "
                   f"path): the other clients' TPOT {others:.2f} ms, {others / base:.3f} × the all-off run."]  # fmt: skip
+    this_run = {(r["path"], r["concurrency"]) for r in plain if r["logprobs"] is None and "carried_from" not in r}
+    paths = [path for path in ("device", "host") if any(p == path for p, _ in this_run)]
     rows = []
     for c, tpot in d.get("offline_tpot_ms", {}).items():
-        served = [off[path, int(c)] for path in ("device", "host") if (path, int(c)) in off]
+        served = [off[path, int(c)] for path in paths if (path, int(c)) in this_run]
         rows.append([c, f"{tpot:.2f}", *(f"{s['median_tpot_ms']:.2f} ({s['median_tpot_ms'] / tpot:.3f})" for s in served),
                      *(f"{s['median_itl_ms']:.2f}" for s in served)])  # fmt: skip
     if rows:
-        lines += ["", "Server against the offline API (`Runtime.generate`, all of a wave's requests at once), "
-                  "logprobs off:", ""]  # fmt: skip
-        header = ["concurrency", "offline TPOT ms", "server (device path) TPOT ms (÷ offline)",
-                  "server (host path) TPOT ms (÷ offline)", "ITL p50 (device)", "ITL p50 (host)"]  # fmt: skip
+        lines += ["", "Server against the offline API (`Runtime.generate`, all of a wave's requests at once, in the "
+                  "same run), logprobs off:", ""]  # fmt: skip
+        header = ["concurrency", "offline TPOT ms", *(f"server ({p} path) TPOT ms (÷ offline)" for p in paths),
+                  *(f"ITL p50 ({p})" for p in paths)]  # fmt: skip
         lines += _table(header, rows)
     return lines
 
