@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import bisect
 import math
+import re
 from array import array
+from collections import Counter
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -75,7 +77,7 @@ class Comparer:
     def __init__(self, tok: Tokenizer, tol: float, tie_tol: float) -> None:
         self.tok, self.tol, self.tie_tol = tok, tol, tie_tol
         self.mismatches: list[Mismatch] = []
-        self.tokens = self.logprobs = 0  # compared
+        self.choices = self.tokens = self.logprobs = 0  # compared
         self.diverged = 0  # greedy choices that left the offline output at a near-tie
         self.differences = array("d")  # |server - offline| of every finite logprob pair: the rounding's scale
 
@@ -88,6 +90,13 @@ class Comparer:
             self.differences.append(abs(a - b))
         return a is not None and abs(a - b) <= self.tol
 
+    def summary(self) -> dict:
+        """Mismatches by field (positions pooled) and how many of the compared choices have any: a few choices
+        off everywhere (a batch's rounding) read differently from many off at one field."""
+        fields = Counter(re.sub(r"\[\d+\]", "", m.what) for m in self.mismatches)
+        choices = {(m.request, m.choice) for m in self.mismatches}
+        return {"by_field": dict(fields.most_common()), "choices_with_any": len(choices), "choices": self.choices}
+
     def difference_quantiles(self) -> dict[str, float]:
         """p50, p99, p99.99 and max of the logprob differences."""
         d = np.sort(np.frombuffer(self.differences, dtype=np.float64)) if self.differences else np.zeros(1)
@@ -95,6 +104,7 @@ class Comparer:
                 ("p99.99", 0.9999), ("max", 1.0))}  # fmt: skip
 
     def compare(self, item: Item, out) -> None:
+        self.choices += 1
         spec, c = item.result.spec, item.result.choices[item.choice]
         full, offsets = detokenize(self.tok, out.token_ids)
         stops = [

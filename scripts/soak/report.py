@@ -90,6 +90,8 @@ def summarize(results: list[Result], wall: float, comparer: Comparer | None, che
         )
     figures = _latency(results, wall, outcomes) | {"by_kind": {f"{k} {o}": n for (k, o), n in by_kind.items()}}
     if comparer is not None:
+        figures["mismatches"] = comparer.summary()
+        print(f"mismatches: {figures['mismatches']}")
         figures["logprob_differences"] = comparer.difference_quantiles()
         print(
             "logprob |server - offline|: "

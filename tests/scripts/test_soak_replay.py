@@ -58,6 +58,7 @@ def test_any_other_difference_is_a_mismatch(tok, served, what):
     comparer = Comparer(tok, tol=1e-4, tie_tol=1e-3)
     comparer.compare(_served(tok, served, None), _offline(gap=0.1))  # no near-tie anywhere
     assert [m.what for m in comparer.mismatches] == [what] and comparer.diverged == 0
+    assert comparer.summary() == {"by_field": {what: 1}, "choices_with_any": 1, "choices": 1}
 
 
 def test_equal_outputs_pass(tok):
