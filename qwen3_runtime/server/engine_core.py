@@ -36,7 +36,8 @@ def run_engine(config: str, overrides: dict[str, Any], inbox: Connection, outbox
         outbox.send(Failed(f"{e}" if isinstance(e, ValueError) else traceback.format_exc()))
         return
     cfg = rt.config
-    outbox.send(Ready(rt.vocab_size, cfg.engine.max_model_len, cfg.logprobs.max_logprobs))
+    limits = (rt.vocab_size, cfg.engine.max_model_len, cfg.logprobs.max_logprobs)
+    outbox.send(Ready(*limits, rt.scheduler.blocks.num_blocks, rt.stats.capture_s))
     EngineLoop(rt, inbox, outbox).run()
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from pathlib import Path
 from typing import Any
 
@@ -16,8 +15,6 @@ from qwen3_runtime.server.metrics import ServerMetrics
 from qwen3_runtime.server.openai_api import build_app
 from qwen3_runtime.server.state import ServerState
 from qwen3_runtime.tokenizer import load_tokenizer
-
-log = logging.getLogger("qwen3_runtime.server")
 
 
 def serve(
@@ -34,6 +31,8 @@ def serve(
     metrics = ServerMetrics()
     client = EngineClient(config, overrides, metrics)
     limits = client.start()
+    graphs = f"CUDA graphs captured in {limits.capture_s:.1f} s" if limits.capture_s else "no CUDA graphs"
+    print(f"INFO:     engine ready: {limits.num_kv_blocks} KV blocks, {graphs}", flush=True)
     metrics.attach_engine(lambda: client.stats)
     state = ServerState(
         client,

@@ -48,11 +48,14 @@ class StepBatch(NamedTuple):
 
 
 class Ready(NamedTuple):
-    """Sent once the Runtime is built: the limits the API process checks requests against."""
+    """Sent once the Runtime is built: the limits the API process checks requests against, and what the server
+    reports at startup."""
 
     vocab_size: int
     max_model_len: int
     max_logprobs: int
+    num_kv_blocks: int = 0
+    capture_s: float = 0.0  # the CUDA graphs' capture (0 without them)
 
 
 class Failed(NamedTuple):
