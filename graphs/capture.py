@@ -29,7 +29,8 @@ def token_buckets(max_tokens: int) -> list[int]:
 
 class StepGraphs:
     """`step(padded_rows, variant)` must only read inputs from, and write results to, static buffers; what it
-    returns (tensors from the graph's pool) is kept at capture and returned again by every replay."""
+    returns is kept at capture and returned again by every replay. A tensor it allocates in the shared pool is
+    held there once per graph: large results belong in a static buffer (a view of it costs nothing)."""
 
     def __init__(self, step: Step, buckets: Sequence[int], variants: Sequence[Hashable] = (None,)) -> None:
         if not buckets or min(buckets) < 1:

@@ -5,8 +5,9 @@ Two steps run eagerly on a scratch KV cache of one full-length sequence's blocks
 step budget allows (prompts of up to max_model_len - 1 tokens, the rest of max_num_seqs as one-token rows),
 every prompt asking the largest prompt logprobs and every row the largest logprobs, with top-p alone and
 penalties (the sort of the order keys, the penalties' pass and the prompt-logprobs chunk of logits); then a
-decode step of max_num_seqs such rows. Their peaks bound what is held later: the decode graphs' pool (one decode step's
-temporaries), the prefill graphs' pool and an eager prefill's temporaries (at most one full prefill each)."""
+decode step of max_num_seqs such rows. Their peaks bound what is held later: the decode graphs' pool (one decode
+step's temporaries), the prefill graphs' pool and an eager prefill's temporaries (at most one full prefill each).
+What a graph returns is held once per graph, so the decode step returns its static logits buffer."""
 
 from __future__ import annotations
 

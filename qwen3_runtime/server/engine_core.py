@@ -41,8 +41,11 @@ def run_engine(config: str, overrides: dict[str, Any], inbox: Connection, outbox
         outbox.send(Failed(f"{e}" if isinstance(e, ValueError) else traceback.format_exc()))
         return
     cfg = rt.config
-    limits = (rt.vocab_size, cfg.engine.max_model_len, cfg.logprobs.max_logprobs)
-    outbox.send(Ready(*limits, rt.scheduler.blocks.num_blocks, rt.stats.capture_s))
+    ready = Ready(
+        rt.vocab_size, cfg.engine.max_model_len, cfg.logprobs.max_logprobs, rt.scheduler.blocks.num_blocks,
+        rt.stats.capture_s,
+    )  # fmt: skip
+    outbox.send(ready)
     EngineLoop(rt, inbox, outbox).run()
 
 

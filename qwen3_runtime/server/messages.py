@@ -54,8 +54,8 @@ class Ready(NamedTuple):
     vocab_size: int
     max_model_len: int
     max_logprobs: int
-    num_kv_blocks: int = 0
-    capture_s: float = 0.0  # the CUDA graphs' capture (0 without them)
+    num_kv_blocks: int
+    capture_s: float  # the CUDA graphs' capture (0 without them)
 
 
 class Failed(NamedTuple):

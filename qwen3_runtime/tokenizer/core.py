@@ -106,20 +106,12 @@ class Tokenizer:
         Ids past the vocabulary (the padding rows of the model's embedding, which a random-weight model can
         sample) have no bytes, as decode() skips them.
         """
-        if token_id < 0:
-            raise ValueError(f"negative token id {token_id}")
-        table = self._token_bytes
-        return table[token_id] if token_id < len(table) else b""
+        return _entry(self._token_bytes, token_id, b"")
 
     def token_strings(self, ids: Iterable[int]) -> list[str]:
         """Each token's own text; a token holding part of a character shows U+FFFD there (its bytes stay exact)."""
         texts = self._token_texts
-        out = []
-        for i in ids:
-            if i < 0:
-                raise ValueError(f"negative token id {i}")
-            out.append(texts[i] if i < len(texts) else "")
-        return out
+        return [_entry(texts, i, "") for i in ids]
 
     # --- chat ---------------------------------------------------------------------------------------------------
 
@@ -131,6 +123,12 @@ class Tokenizer:
             raise ChatTemplateError("this tokenizer has no chat template (tokenizer_config.json has no chat_template)")
         context = {**self.special_tokens_map, **kwargs}
         return render(self.chat_template, messages, add_generation_prompt, **context)
+
+
+def _entry(table: list, token_id: int, past_the_vocabulary: bytes | str) -> bytes | str:
+    if token_id < 0:
+        raise ValueError(f"negative token id {token_id}")
+    return table[token_id] if token_id < len(table) else past_the_vocabulary
 
 
 def load_tokenizer(model: ModelConfig) -> Tokenizer:
