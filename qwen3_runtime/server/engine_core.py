@@ -17,6 +17,7 @@ import torch
 
 from qwen3_runtime.request import RequestUpdate
 from qwen3_runtime.runtime import Runtime
+from qwen3_runtime.heap import freeze_startup_objects
 from qwen3_runtime.server.messages import (
     AbortRequest,
     AddRequest,
@@ -45,6 +46,7 @@ def run_engine(config: str, overrides: dict[str, Any], inbox: Connection, outbox
         rt.vocab_size, cfg.engine.max_model_len, cfg.logprobs.max_logprobs, rt.scheduler.blocks.num_blocks,
         rt.stats.capture_s,
     )  # fmt: skip
+    freeze_startup_objects()
     outbox.send(ready)
     EngineLoop(rt, inbox, outbox).run()
 

@@ -11,6 +11,7 @@ from qwen3_runtime.config import load_config
 from qwen3_runtime.params import RequestLimits
 from qwen3_runtime.server.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from qwen3_runtime.server.engine_client import EngineClient
+from qwen3_runtime.heap import freeze_startup_objects
 from qwen3_runtime.server.metrics import ServerMetrics
 from qwen3_runtime.server.openai_api import build_app
 from qwen3_runtime.server.state import ServerState
@@ -41,7 +42,9 @@ def serve(
         RequestLimits(limits.vocab_size, limits.max_model_len, limits.max_logprobs),
         metrics,
     )
+    app = build_app(state, api_key, max_request_bytes)
+    freeze_startup_objects()
     try:
-        uvicorn.run(build_app(state, api_key, max_request_bytes), host=host, port=port, log_level="info")
+        uvicorn.run(app, host=host, port=port, log_level="info")
     finally:
         client.shutdown()
