@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
+from qwen3_runtime.heap import freeze_startup_objects
 from qwen3_runtime.request import RequestUpdate
 from qwen3_runtime.runtime import Runtime
-from qwen3_runtime.heap import freeze_startup_objects
 from qwen3_runtime.server.messages import (
     AbortRequest,
     AddRequest,

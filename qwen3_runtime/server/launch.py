@@ -8,10 +8,10 @@ from typing import Any
 import uvicorn
 
 from qwen3_runtime.config import load_config
+from qwen3_runtime.heap import freeze_startup_objects
 from qwen3_runtime.params import RequestLimits
 from qwen3_runtime.server.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from qwen3_runtime.server.engine_client import EngineClient
-from qwen3_runtime.heap import freeze_startup_objects
 from qwen3_runtime.server.metrics import ServerMetrics
 from qwen3_runtime.server.openai_api import build_app
 from qwen3_runtime.server.state import ServerState
