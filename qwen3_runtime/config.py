@@ -98,6 +98,10 @@ class EngineConfig:
     async_scheduling: bool = True
     # Reuse the KV of full blocks whose tokens (and all tokens before them) an earlier request computed.
     prefix_caching: bool = True
+    # A request's tokens and logprobs the same bits whatever else runs beside it, however its prompt is chunked,
+    # cached or preempted (as vLLM's and SGLang's deterministic modes): every step runs as a prefill step (one
+    # attention kernel for every token) and every product by a kernel of fixed tiles. Slower; CUDA only.
+    batch_invariant: bool = False
 
     def __post_init__(self) -> None:
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):

@@ -12,6 +12,7 @@ from qwen3_runtime.config import ArchitectureConfig
 from qwen3_runtime.ops.attention_inputs import attention_inputs
 from qwen3_runtime.ops.decode_attention import paged_decode_attention
 from qwen3_runtime.ops.embedding import embed
+from qwen3_runtime.ops.invariant_linear import invariant_linear
 from qwen3_runtime.ops.linear import linear, linear_partials, mlp_partials
 from qwen3_runtime.ops.linear_preload import preload_applies, preloaded_partials
 from qwen3_runtime.ops.norms import add_rms_norm
@@ -32,6 +33,7 @@ class AttentionMetadata:
     seq_lens: torch.Tensor | None = None  # decode only: [B] int32, 0 for padded rows
     num_splits: int = 1  # decode only: split-KV partitions (static)
     split_arrivals: torch.Tensor | None = None  # decode only: [B, kv_heads] int32 zeros (ops/decode_attention.py)
+    batch_invariant: bool = False  # every product by ops/invariant_linear.py (engine.batch_invariant)
 
     @property
     def is_prefill(self) -> bool:
@@ -85,10 +87,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """The output projection as [S, T, hidden] partial sums (ops/linear.py), for the next norm to add."""
         k_cache, v_cache = kv_cache
-        decode = not meta.is_prefill
+        decode, invariant = not meta.is_prefill, meta.batch_invariant
         # qkv lets the attention inputs launch as it starts (their one-warp programs fit beside it), so they
         # read their staged inputs, and attention (and o_proj's preload) launches, while qkv streams.
-        qkv = linear(x, self.qkv_proj.weight, decode, dependents_early=True)
+        qkv = linear(x, self.qkv_proj.weight, decode, dependents_early=True, invariant=invariant)
         q, _, _ = attention_inputs(
             qkv,
             self.num_heads,
@@ -120,7 +122,7 @@ class Attention(nn.Module):
         out = out.reshape(x.shape[0], -1)
         if preload:
             return preloaded_partials(out, self.o_proj.weight)
-        return linear_partials(out, self.o_proj.weight, decode)
+        return linear_partials(out, self.o_proj.weight, decode, invariant=invariant)
 
 
 class MLP(nn.Module):
@@ -129,9 +131,9 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, decode: bool) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, decode: bool, invariant: bool = False) -> torch.Tensor:
         """down_proj as [S, T, hidden] partial sums, like Attention's output."""
-        return mlp_partials(x, self.gate_up_proj.weight, self.down_proj.weight, decode)
+        return mlp_partials(x, self.gate_up_proj.weight, self.down_proj.weight, decode, invariant)
 
 
 class DecoderLayer(nn.Module):
@@ -160,7 +162,7 @@ class DecoderLayer(nn.Module):
             x = self.input_layernorm(x, residual)
         x = self.self_attn(x, positions, rotary, kv_cache, meta)
         x = self.post_attention_layernorm(x, residual)
-        return self.mlp(x, decode=not meta.is_prefill), residual
+        return self.mlp(x, decode=not meta.is_prefill, invariant=meta.batch_invariant), residual
 
 
 class Qwen3Model(nn.Module):
@@ -209,10 +211,16 @@ class Qwen3ForCausalLM(nn.Module):
             x, residual = layer(x, residual, positions, self.model.rotary, layer_cache, meta)
         return self.model.norm(x, residual)
 
-    def compute_logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
+    def compute_logits(
+        self, hidden: torch.Tensor, out: torch.Tensor | None = None, invariant: bool = False
+    ) -> torch.Tensor:
         """fp32 logits (into `out` when given). On the GPU the bf16 operands accumulate in fp32 and the product
-        is written in fp32 directly: rounded to bf16, a logit of 20 would only be good to +-0.06."""
+        is written in fp32 directly: rounded to bf16, a logit of 20 would only be good to +-0.06. invariant: by
+        the batch-invariant kernel (engine.batch_invariant)."""
         weight = self.lm_head.weight
+        if invariant:
+            logits = invariant_linear(hidden, weight, out_dtype=torch.float32)
+            return logits if out is None else out.copy_(logits)
         if hidden.is_cuda and hidden.dtype != torch.float32:
             if out is None:
                 return torch.mm(hidden, weight.t(), out_dtype=torch.float32)

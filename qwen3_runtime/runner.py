@@ -70,6 +70,7 @@ class ModelRunner:
         self.kv_cache: torch.Tensor | None = None
         self.cuda_graphs = engine.cuda_graphs and self.device.type == "cuda"
         self.async_scheduling, self.block_size = engine.async_scheduling, engine.block_size
+        self.batch_invariant = engine.batch_invariant
         self.max_model_len, self.logprobs_mode = engine.max_model_len, config.logprobs.mode
         self.routing = LogprobsRouting.from_config(config.logprobs)
         vocab, max_rows, k_max = model.config.vocab_size, engine.max_num_seqs, self.routing.k_max
@@ -114,7 +115,8 @@ class ModelRunner:
             self.prefill_stager.stage([], self.prefill_graphs.buckets[-1])
             start = time.perf_counter()
             with torch.inference_mode():
-                self.graphs.capture()
+                if not self.batch_invariant:  # every step then runs as a prefill step
+                    self.graphs.capture()
                 self.prefill_graphs.capture()
             self.stats.capture_s = time.perf_counter() - start
 
@@ -144,14 +146,14 @@ class ModelRunner:
         self.prefill_stager.stage(chunks, self.prefill_graphs.padded_size(int(rows[-1])))
         _, hidden = self.prefill_graphs.run(int(rows[-1]))
         spans = [ScoredSpan.of_chunk(c.req, row, c.start, c.end) for c, row in zip(chunks, rows)]
-        prompt_spans = self.prompt_logprobs.compute([s for s in spans if s], hidden, self.model.compute_logits)
+        prompt_spans = self.prompt_logprobs.compute([s for s in spans if s], hidden, self._prefill_logits)
         last = [(c.req, row + c.num_tokens - 1) for c, row in zip(chunks, rows) if c.is_last]
         reqs = [req for req, _ in last]
         lp_logits = None
         if reqs:
             self.penalties.acquire(reqs)  # before staging: the slot is a request constant
             self.stager.stage(reqs, len(reqs))
-            logits = self.model.compute_logits(hidden[self._tensor([row for _, row in last])])
+            logits = self._prefill_logits(hidden[self._tensor([row for _, row in last])])
             lp_logits = self._sample_and_reduce(logits, len(reqs), _variant(reqs), _penalized(reqs))
         self.stats.prefill_steps += 1
         return self._copy_out(reqs, lp_logits, prompt_spans)
@@ -181,8 +183,12 @@ class ModelRunner:
     def _prefill_forward(self, padded_tokens: int, _: None) -> torch.Tensor:
         """The prefill forward over the staged chunks, captured per token bucket: final hidden states."""
         input_ids, positions, slots = self.prefill_stager.token_inputs(padded_tokens)
-        meta = AttentionMetadata(slot_mapping=slots, prefill=self.prefill_stager.plan(padded_tokens))
+        plan = self.prefill_stager.plan(padded_tokens)
+        meta = AttentionMetadata(slot_mapping=slots, prefill=plan, batch_invariant=self.batch_invariant)
         return self.model(input_ids, positions, self.kv_cache, meta)
+
+    def _prefill_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.model.compute_logits(hidden, invariant=self.batch_invariant)
 
     def _decode_step(self, padded_rows: int, key: tuple[str, bool]) -> torch.Tensor:
         """The captured step, one per (variant, penalized): reads only static inputs (and the penalties' state),

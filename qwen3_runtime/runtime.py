@@ -11,6 +11,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from qwen3_runtime import ops
 from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.config import Config, ConfigError, load_config
 from qwen3_runtime.device import num_kv_blocks, resolve_device, resolve_dtype
@@ -35,6 +36,9 @@ class Runtime:
         self.config = config
         engine = config.engine
         self.device = resolve_device(engine.device)
+        if engine.batch_invariant and not (self.device.type == "cuda" or ops.TRITON_INTERPRET):
+            # (Triton's interpreter runs the mode for tests, but its dots are numpy's, which are not invariant.)
+            raise ConfigError("engine.batch_invariant=true needs a CUDA device: its kernels are Triton's")
         self.dtype = resolve_dtype(config.model.dtype, self.device)
         self.model = load_model(config.model, self.device, self.dtype)
         arch = self.model.config

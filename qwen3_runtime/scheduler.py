@@ -48,12 +48,14 @@ class Scheduler:
     def schedule(self) -> tuple[list[PrefillChunk] | list[Request], bool]:
         """The next batch and whether it is a prefill. While prompts are pending, the running requests decode
         inside the prefill step (a mixed batch, as vLLM's), so none waits for more than one step of at most
-        max_num_batched_tokens prompt tokens between two of its tokens; otherwise a decode step."""
-        if not self.prefill_due():
+        max_num_batched_tokens prompt tokens between two of its tokens; otherwise a decode step. With
+        batch_invariant every step is a prefill step, so every token goes through the same kernels."""
+        invariant = self.cfg.batch_invariant
+        if not (invariant or self.prefill_due()):
             return self.decode_batch(), False
         decoding = self.decode_batch()  # first: growing them may preempt, which frees blocks for prompts
         chunks = self._prefill_chunks()
-        if not chunks:
+        if not (chunks or invariant):
             return decoding, False
         return [PrefillChunk(req, req.num_tokens - 1, req.num_tokens) for req in decoding] + chunks, True
 

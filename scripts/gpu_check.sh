@@ -38,15 +38,16 @@ for step in $steps; do
                 --set engine.max_num_batched_tokens=512 --chunk-sizes 256 1024 --out "$OUT/arrivals" ;;
     serving) run python3 -m scripts.bench_serving --config qwen3-4b ${QUICK:+--quick} --out "$OUT/serving" ;;
     # The 10,000-request soak outlasts one device call: the load (its results kept on the machine's disk),
-    # then, in the next call while the machine is warm, the offline replay and every check. In bf16 a request's
-    # logits depend on the batch shape it ran in (cuBLAS picks kernels by rows, attention splits by batch), so
-    # the replay allows bf16's rounding (docs/BENCHMARKS.md, Soak): float32 runs the matmuls without tensor cores.
-    # A KV cache of 4,096 blocks (65,536 tokens), so that the bursts of long prompts preempt.
+    # then, in the next call while the machine is warm, the offline replay and every check. Both run
+    # batch-invariant (engine.batch_invariant): a request's bits then do not depend on what ran beside it, so the
+    # replay, 64 requests at a time, must match exactly (no near-tie allowance). A KV cache of 4,096 blocks
+    # (65,536 tokens), so that the bursts of long prompts preempt.
     soak) run python3 -m scripts.soak --serve "$OUT/soak_server.log" --config qwen3-4b --requests 10000 \
-            --set engine.num_kv_blocks=4096 --concurrency 64 --duration-limit 430 --save /tmp/soak_load.pkl --replay-max 0 \
-            --out "$OUT/soak_load.json" ;;
+            --set engine.num_kv_blocks=4096 --set engine.batch_invariant=true --concurrency 64 --duration-limit 430 \
+            --save /tmp/soak_load.pkl --replay-max 0 --out "$OUT/soak_load.json" ;;
     soak_replay) run python3 -m scripts.soak --replay-from /tmp/soak_load.pkl --config qwen3-4b \
-                   --set engine.num_kv_blocks=4096 --replay-group 64 --tol 0.2 --tie-tol 0.2 --out "$OUT/soak.json" ;;
+                   --set engine.num_kv_blocks=4096 --set engine.batch_invariant=true --replay-group 64 --tie-tol 0 \
+                   --out "$OUT/soak.json" ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

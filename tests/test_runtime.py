@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from qwen3_runtime import SamplingParams
+from qwen3_runtime.config import ConfigError
 from qwen3_runtime.request import PENDING
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
@@ -271,3 +272,59 @@ def test_decoding_requests_go_on_while_a_long_prompt_is_prefilled_in_chunks(make
         rt.step()
     assert "".join(steps) == "P" * 11  # the short one decodes in every chunk's step
     assert len(rt._live[short].output) == 11
+
+
+def test_batch_invariant_mode_runs_prefill_steps_only_and_matches_the_default(make_runtime, tiny_checkpoint):
+    """On the CPU only the mode's scheduling is checked (the interpreter's dots are numpy's); the bits are
+    compared on the GPU below."""
+    prompts = [[3, 1, 4, 1, 5], list(range(10, 50)), [9] * 17]
+    params = [
+        SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=3),
+        SamplingParams(max_tokens=4, temperature=0.8, seed=3, ignore_eos=True, logprobs=2, prompt_logprobs=2),
+        SamplingParams(max_tokens=4, temperature=0, ignore_eos=True),
+    ]
+    rt = make_runtime(tiny_checkpoint, triton_kernels=True, engine__batch_invariant=True)
+    outs = rt.generate(prompts, params)
+    ref = make_runtime(tiny_checkpoint).generate(prompts, params)  # after: it turns the interpreter off
+    assert rt.stats.decode_steps == 0 and rt.stats.prefill_steps >= 4
+    for out, expected in zip(outs, ref):
+        assert out.token_ids == expected.token_ids and out.error is None
+        _close_logprobs(out.logprobs, expected.logprobs)
+        _close_logprobs(out.prompt_logprobs, expected.prompt_logprobs)
+
+
+def test_batch_invariant_mode_needs_triton_kernels(make_runtime, tiny_checkpoint):
+    with pytest.raises(ConfigError, match="engine.batch_invariant"):
+        make_runtime(tiny_checkpoint, engine__batch_invariant=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_batch_invariant_requests_are_the_same_bits_alone_and_in_any_batch():
+    """Each request alone against all of them at once in chunks of 48 tokens, preempted for want of blocks and
+    hitting a cached prefix: the same tokens and the same logprobs, to the bit (Qwen3-0.6B's shape, bf16)."""
+    from qwen3_runtime import Runtime
+
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randint(0, 151643, (150,), generator=g).tolist()
+    prompts = [shared + torch.randint(0, 151643, (n,), generator=g).tolist() for n in (5, 37, 90, 131)]
+    prompts += [torch.randint(0, 151643, (n,), generator=g).tolist() for n in (1, 64, 203, 250)]
+    params = [
+        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, logprobs=5),
+        SamplingParams(max_tokens=24, temperature=1.0, seed=7, ignore_eos=True, logprobs=5, prompt_logprobs=3),
+        SamplingParams(max_tokens=24, temperature=0.7, top_p=0.8, top_k=20, seed=9, ignore_eos=True, logprobs=2),
+        SamplingParams(max_tokens=24, temperature=0, ignore_eos=True, repetition_penalty=1.2, logprobs=1),
+    ] * 2
+    base = {"engine.batch_invariant": True, "engine.max_model_len": 1024, "engine.max_num_seqs": 16}
+    alone = Runtime.from_yaml("qwen3-0.6b", overrides={**base, "engine.prefix_caching": False})
+    expected = [alone.generate([p], q)[0] for p, q in zip(prompts, params)]
+    del alone
+    together = Runtime.from_yaml(
+        "qwen3-0.6b", overrides={**base, "engine.max_num_batched_tokens": 48, "engine.num_kv_blocks": 60}
+    )
+    together.generate([shared + [1]], SamplingParams(max_tokens=2))  # leaves the shared prefix cached
+    outs = together.generate(prompts, params)
+    assert together.scheduler.num_preemptions > 0 and together.scheduler.blocks.hit_tokens > 0
+    for out, ref in zip(outs, expected):
+        assert out.error is None and out.token_ids == ref.token_ids
+        assert out.logprobs == ref.logprobs and out.prompt_logprobs == ref.prompt_logprobs

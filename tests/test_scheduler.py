@@ -17,12 +17,14 @@ def _scheduler(
     max_num_seqs: int = 8,
     max_num_batched_tokens: int = 64,
     prefix_caching: bool = False,
+    batch_invariant: bool = False,
 ):
     engine = EngineConfig(
         max_model_len=MAX_MODEL_LEN,
         max_num_seqs=max_num_seqs,
         max_num_batched_tokens=max_num_batched_tokens,
         block_size=block_size,
+        batch_invariant=batch_invariant,
     )
     return Scheduler(engine, BlockManager(num_blocks, block_size, prefix_caching))
 
@@ -250,3 +252,16 @@ def _check_state(sched: Scheduler, reqs: list[Request]) -> None:
     live = _ids(sched.waiting) + _ids(sched.prefilling) + _ids(sched.running)
     assert sorted(live) == [req.request_id for req in reqs if req.status is not Status.FINISHED]
     assert all(not req.block_table for req in reqs if req.status is Status.FINISHED)
+
+
+def test_batch_invariant_runs_every_step_as_a_prefill_step_the_decoding_rows_riding():
+    sched = _scheduler(num_blocks=32, max_num_batched_tokens=6, batch_invariant=True)
+    _add(sched, 5, 9)
+    assert _schedule(sched) == ([(0, 0, 5), (1, 0, 1)], True)
+    assert _schedule(sched) == ([(0, 5, 6), (1, 1, 7)], True)  # request 0 rides as its last token
+    assert _schedule(sched) == ([(0, 6, 7), (1, 7, 9)], True)
+    assert _schedule(sched) == ([(0, 7, 8), (1, 9, 10)], True)  # nothing left to prefill: still a prefill step
+    sched = _scheduler(num_blocks=32)
+    _add(sched, 5)
+    _schedule(sched)
+    assert _schedule(sched) == ([0], False)  # by default a decode step

@@ -7,7 +7,8 @@ few tiles cover the GPU. There each program takes one of `splits` slices of K an
 partial sum; the partials are added by the next kernel, the residual add + RMSNorm (`add_rms_norm`),
 so the split costs no extra launch and no atomics.
 Larger batches and prefill go to cuBLAS: launched eagerly, a Triton kernel costs more host time
-than a cuBLAS call (decode hides that in its CUDA graph).
+than a cuBLAS call (decode hides that in its CUDA graph). With `invariant` (engine.batch_invariant) every
+product goes to ops/invariant_linear.py instead, whose result for a row does not depend on the batch.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import triton.language as tl
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from qwen3_runtime.ops import num_sms, pdl_launch, use_triton
+from qwen3_runtime.ops.invariant_linear import invariant_linear
 from qwen3_runtime.ops.norms import silu_mul
 
 # Up to this many rows the skinny kernel beats cuBLAS on Qwen3-4B's projections (scripts/bench_kernels.py).
@@ -185,28 +187,39 @@ def _launch(
     )
 
 
-def _skinny(x: torch.Tensor, decode: bool) -> bool:
-    return decode and use_triton(x) and 0 < x.shape[0] <= SKINNY_MAX_ROWS
+def _skinny(x: torch.Tensor, decode: bool, invariant: bool) -> bool:
+    return decode and not invariant and use_triton(x) and 0 < x.shape[0] <= SKINNY_MAX_ROWS
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, decode: bool = True, dependents_early: bool = False) -> torch.Tensor:
+def _dense(x: torch.Tensor, weight: torch.Tensor, invariant: bool) -> torch.Tensor:
+    """The product outside the skinny kernel: cuBLAS, or the batch-invariant kernel."""
+    return invariant_linear(x, weight) if invariant else F.linear(x, weight)
+
+
+def linear(
+    x: torch.Tensor, weight: torch.Tensor, decode: bool = True, dependents_early: bool = False, invariant: bool = False
+) -> torch.Tensor:
     """x [T, K] @ weight[N, K]^T -> [T, N] in x's dtype. dependents_early: let the next kernel launch as this
     one starts, not as it ends (qkv, before the attention inputs' one-warp programs: see model.py)."""
-    if not _skinny(x, decode):
-        return F.linear(x, weight)
+    if not _skinny(x, decode, invariant):
+        return _dense(x, weight, invariant)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     _launch(x, weight, out, splits=1, prefetch_tiles=_prefetch_tiles(weight), dependents_early=dependents_early)
     return out
 
 
 def gated_linear(
-    x: torch.Tensor, gate_up_weight: torch.Tensor, decode: bool = True, dependents_early: bool = False
+    x: torch.Tensor,
+    gate_up_weight: torch.Tensor,
+    decode: bool = True,
+    dependents_early: bool = False,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """silu(x @ W_gate^T) * (x @ W_up^T) for the fused weight [2I, K] (gate rows, then up rows) -> [T, I].
     In the skinny kernel's epilogue, so decode launches no separate silu_mul. dependents_early: see
     mlp_partials."""
-    if not _skinny(x, decode):
-        return silu_mul(F.linear(x, gate_up_weight))
+    if not _skinny(x, decode, invariant):
+        return silu_mul(_dense(x, gate_up_weight, invariant))
     out = torch.empty(x.shape[0], gate_up_weight.shape[0] // 2, dtype=x.dtype, device=x.device)
     _launch(
         x,
@@ -221,7 +234,12 @@ def gated_linear(
 
 
 def linear_partials(
-    x: torch.Tensor, weight: torch.Tensor, decode: bool = True, splits: int | None = None, launched_early: bool = False
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    decode: bool = True,
+    splits: int | None = None,
+    launched_early: bool = False,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """x @ weight^T as [S, T, N] fp32 partial sums over S slices of K ([1, T, N] in x's dtype from
     cuBLAS), for `add_rms_norm` to add up. By default the N / BLOCK_N column tiles x S programs are
@@ -230,8 +248,8 @@ def linear_partials(
     stages, faster than 4 equal slices (160 programs of 4 stages), which leave some SMs two programs.
     launched_early: the kernel before lets this one launch as it starts, so each program requests its
     slice's first weight tile of each row before its wait."""
-    if not _skinny(x, decode):
-        return F.linear(x, weight)[None]
+    if not _skinny(x, decode, invariant):
+        return _dense(x, weight, invariant)[None]
     n, k = weight.shape
     if splits is None:
         splits = max(1, min(num_sms(x.device) // triton.cdiv(n, BLOCK_N), k // (4 * BLOCK_K)))
@@ -245,11 +263,14 @@ def linear_partials(
 
 
 def mlp_partials(
-    x: torch.Tensor, gate_up_weight: torch.Tensor, down_weight: torch.Tensor, decode: bool = True
+    x: torch.Tensor,
+    gate_up_weight: torch.Tensor,
+    down_weight: torch.Tensor,
+    decode: bool = True,
+    invariant: bool = False,
 ) -> torch.Tensor:
     """down_proj(silu(gate) * up) as [S, T, hidden] partial sums, like `linear_partials`; up to
     MLP_EARLY_ROWS rows down_proj launches as gate/up starts and requests its first weight tiles early."""
-    early = _skinny(x, decode) and x.shape[0] <= MLP_EARLY_ROWS
-    return linear_partials(
-        gated_linear(x, gate_up_weight, decode, dependents_early=early), down_weight, decode, launched_early=early
-    )
+    early = _skinny(x, decode, invariant) and x.shape[0] <= MLP_EARLY_ROWS
+    gated = gated_linear(x, gate_up_weight, decode, dependents_early=early, invariant=invariant)
+    return linear_partials(gated, down_weight, decode, launched_early=early, invariant=invariant)
