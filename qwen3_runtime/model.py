@@ -103,6 +103,7 @@ class Attention(nn.Module):
             k_cache,
             v_cache,
             meta.slot_mapping,
+            invariant=invariant,
         )
         preload = decode and preload_applies(x.shape[0], self.o_proj.weight)
         if meta.is_prefill:

@@ -122,13 +122,16 @@ def attention_inputs(
     slot_mapping: torch.Tensor,
     *,
     reference: bool = False,
+    invariant: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q [T, H, D] and k [T, KVH, D], normed per head and rotated, and v [T, KVH, D] (a view of qkv),
     from qkv [T, (H + 2 KVH) D]; k and v also go into the caches at slot_mapping [T] (-1: skipped).
     `positions` and `slot_mapping` must be staged before the kernel that writes qkv (the kernel reads
     them before its PDL wait), as every forward stages them.
     `cos_sin` is [max_len, D]: cos over the first half of each row, sin over the second.
-    `reference`: the PyTorch path even where Triton runs (`attention_inputs_reference`)."""
+    `reference`: the PyTorch path even where Triton runs (`attention_inputs_reference`). `invariant`: the tile
+    programs whatever the number of tokens (engine.batch_invariant: the per-head norm's sum is then reduced in
+    the same order for every token)."""
     if reference or not use_triton(qkv):
         q, k = _norm_rope_reference(qkv, num_heads, num_kv_heads, (q_weight, k_weight), eps, cos_sin[positions])
         v = _v_view(qkv, num_heads, num_kv_heads, q_weight.shape[0])
@@ -141,7 +144,7 @@ def attention_inputs(
     k = torch.empty(tokens, num_kv_heads, head_dim, dtype=qkv.dtype, device=qkv.device)
     # A decode step's few rows: a one-warp program per (row, head) starts soonest; a prefill's many tokens
     # take tiles of rows, so the programs are few enough not to be launch-bound.
-    block_t, warps = (1, 1) if tokens <= DECODE_ROWS else (PREFILL_TILE_TOKENS, 4)
+    block_t, warps = (1, 1) if tokens <= DECODE_ROWS and not invariant else (PREFILL_TILE_TOKENS, 4)
     if tokens:
         _attention_inputs_kernel[(triton.cdiv(tokens, block_t), num_heads + 2 * num_kv_heads)](
             qkv,

@@ -1,3 +1,5 @@
+import functools
+
 import pytest
 import torch
 
@@ -39,10 +41,15 @@ def _expected_cache(cache: torch.Tensor, new: torch.Tensor, slots: torch.Tensor)
     return expected
 
 
-# 7 tokens: a program per (token, head); 70: tiles of PREFILL_TILE_TOKENS, the last one partial.
+# 7 tokens: a program per (token, head) (tiles with `invariant`); 70: tiles of PREFILL_TILE_TOKENS, the last one
+# partial.
 @pytest.mark.parametrize("tokens", [7, 70])
 @pytest.mark.parametrize("head_dim,block_size", [(24, 8), (32, 16)])
-@pytest.mark.parametrize("implementation", [attention_inputs, attention_inputs_reference])
+@pytest.mark.parametrize(
+    "implementation",
+    [attention_inputs, functools.partial(attention_inputs, invariant=True), attention_inputs_reference],
+    ids=["triton", "invariant", "reference"],
+)
 def test_normed_rotated_and_stored_exactly_at_the_mapped_slots(tokens, head_dim, block_size, implementation):
     heads, kv_heads = 4, 2
     qkv, qw, kw, cos_sin, positions, (k_cache, v_cache), slots = _inputs(
@@ -83,3 +90,15 @@ def test_bf16_matches_the_reference_on_the_gpu(tokens):
         assert (a.float() - b.float()).abs().max() <= 0.02 * b.float().abs().max()
     assert torch.equal(caches[1], ref_caches[1])  # v is copied, not computed
     assert torch.equal(caches[0] == SENTINEL, ref_caches[0] == SENTINEL)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_invariant_gives_a_token_the_same_bits_among_few_tokens_or_many():
+    qkv, qw, kw, cos_sin, positions, caches, slots = _inputs(70, 32, 8, 128, 16, 64, torch.bfloat16, "cuda")
+    many = attention_inputs(qkv, 32, 8, qw, kw, 1e-6, cos_sin, positions, *caches, slots, invariant=True)
+    few = attention_inputs(
+        qkv[3:8].clone(), 32, 8, qw, kw, 1e-6, cos_sin, positions[3:8], *caches, slots[3:8], invariant=True
+    )
+    for a, b in zip(many[:2], few[:2]):  # q and k
+        assert torch.equal(a[3:8], b)
