@@ -1,6 +1,6 @@
 """Per-kernel decisions for the decode step, measured on the GPU (CUDA-graph replay medians, µs):
-the Qwen3-4B projections through cuBLAS against ops/linear.py's skinny GEMM, and the paged decode
-attention's tile size and split count.
+the Qwen3-4B projections through cuBLAS against ops/linear.py's skinny GEMM, the paged decode
+attention's tile size and split count, and what engine.batch_invariant's GEMM costs against cuBLAS.
 
 Usage: python -m scripts.bench_kernels --out DIR
 """
@@ -15,13 +15,22 @@ from pathlib import Path
 import torch
 
 from qwen3_runtime.ops import decode_attention
+from qwen3_runtime.ops.invariant_linear import invariant_linear
 from qwen3_runtime.ops.linear import linear, linear_partials
 from scripts.report import environment
 from scripts.timing import copy_bandwidth, graph_us_per_call
 
 # Qwen3-4B: (name, out_features, in_features)
 SHAPES = [("qkv", 6144, 2560), ("o", 2560, 4096), ("gate_up", 19456, 2560), ("down", 2560, 9728)]
+LM_HEAD = ("lm_head", 151936, 2560)
 ROTATE_BYTES = 400 * 2**20  # weights cycled per graph so L2 (50 MB) never holds them
+
+
+def _weights(n: int, k: int) -> list[torch.Tensor]:
+    return [
+        torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
+        for _ in range(max(2, ROTATE_BYTES // (n * k * 2)))
+    ]
 
 
 def gemm_rows(batches: list[int], bandwidth: float) -> list[dict]:
@@ -29,10 +38,7 @@ def gemm_rows(batches: list[int], bandwidth: float) -> list[dict]:
     the narrow ones (o_proj, down_proj)."""
     rows = []
     for (name, n, k), m in itertools.product(SHAPES, batches):
-        weights = [
-            torch.randn(n, k, device="cuda", dtype=torch.bfloat16) * 0.02
-            for _ in range(max(2, ROTATE_BYTES // (n * k * 2)))
-        ]
+        weights = _weights(n, k)
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         out = torch.empty(m, n, device="cuda", dtype=torch.bfloat16)
         if name in ("qkv", "gate_up"):
@@ -54,6 +60,29 @@ def gemm_rows(batches: list[int], bandwidth: float) -> list[dict]:
             f"{name:8s} m={m:3d}: floor {floor:6.1f} us  cuBLAS {row['cublas_us']:6.1f} us "
             f"({floor / row['cublas_us']:.0%})  ops.linear {row['ours_us']:6.1f} us "
             f"({floor / row['ours_us']:.0%})",
+            flush=True,
+        )
+        del weights
+    return rows
+
+
+def invariant_rows(batches: list[int]) -> list[dict]:
+    """cuBLAS against the batch-invariant GEMM (ops/invariant_linear.py) over decode and prefill row counts; the
+    lm_head writes fp32, as the runner's."""
+    rows = []
+    for (name, n, k), m in itertools.product([*SHAPES, LM_HEAD], batches):
+        weights = _weights(n, k)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        dtype = torch.float32 if name == "lm_head" else torch.bfloat16
+        if name == "lm_head":
+            cublas = graph_us_per_call(lambda w: torch.mm(x, w.t(), out_dtype=torch.float32), weights)
+        else:
+            cublas = graph_us_per_call(lambda w: torch.mm(x, w.t()), weights)
+        ours = graph_us_per_call(lambda w: invariant_linear(x, w, dtype), weights)
+        rows.append({"shape": name, "n": n, "k": k, "m": m, "cublas_us": cublas, "invariant_us": ours})
+        print(
+            f"{name:8s} m={m:4d}: cuBLAS {cublas:7.1f} us ({2 * m * n * k / cublas / 1e6:5.0f} TFLOP/s)  "
+            f"invariant {ours:7.1f} us (x{ours / cublas:.2f})",
             flush=True,
         )
         del weights
@@ -106,7 +135,8 @@ def attention_rows(bandwidth: float) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 16, 32])
-    parser.add_argument("--parts", nargs="+", default=["gemm", "attention"], choices=["gemm", "attention"])
+    parser.add_argument("--parts", nargs="+", default=["gemm", "attention"], choices=["gemm", "attention", "invariant"])
+    parser.add_argument("--invariant-rows", type=int, nargs="+", default=[16, 64, 256, 1024, 2048])
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
@@ -115,6 +145,8 @@ def main() -> None:
         result["gemm"] = gemm_rows(args.batch, bandwidth)
     if "attention" in args.parts:
         result["attention"] = attention_rows(bandwidth)
+    if "invariant" in args.parts:
+        result["invariant"] = invariant_rows(args.invariant_rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernels.json").write_text(json.dumps(result, indent=2))
 
