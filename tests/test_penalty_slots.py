@@ -64,8 +64,8 @@ def eos_forced(make_runtime, make_checkpoint, monkeypatch):
         rt = make_runtime(path, **overrides)
         compute_logits = rt.model.compute_logits
 
-        def forced(hidden, out=None):
-            logits = compute_logits(hidden, out)
+        def forced(hidden, out=None, **options):
+            logits = compute_logits(hidden, out, **options)
             logits[:, 11], logits[:, 22] = 1e4, 5e3
             return logits
 
