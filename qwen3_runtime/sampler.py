@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from qwen3_runtime.ops import use_triton
-from qwen3_runtime.ops.gumbel_sample import gumbel_sample, order_keys
+from qwen3_runtime.ops.gumbel_sample import gumbel_sample, processed_values
 
 _MASK32 = 0xFFFFFFFF
 # Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
@@ -83,38 +83,46 @@ def filter_cutoffs(
 ) -> torch.Tensor:
     """[B] int64: per random row, the order key (order_keys_reference) of the last token that top-k then top-p
     keep in the stable descending order of its processed logits, so that they keep exactly the tokens whose keys
-    are >= it; the smallest key for rows with neither filter, the largest where nothing is kept. The row's keys
+    are >= it; the smallest key for rows with neither filter, the largest where nothing is kept. The row's values
     are sorted, or with top_k_cap (every filtering random row asks 0 < top_k <= top_k_cap) only the `top_k_cap`
-    largest selected. Top-p sums the kept probabilities in float64, in the sort's order."""
+    largest selected: fp32 values, half the bytes of the keys, whose ties the last kept token's key settles
+    after (`_key_at`). Top-p sums the kept probabilities in float64, in the sort's order."""
     if use_triton(logits):
-        keys = order_keys(logits, params.temperature, peak, params.min_p, GREEDY_BELOW)
+        values = processed_values(logits, params.temperature, peak, params.min_p, GREEDY_BELOW)
     else:
-        keys = order_keys_reference(processed_logits(logits, params, peak, filtered=False))
+        values = processed_logits(logits, params, peak, filtered=False)
     if top_k_cap is None:
-        top = keys.sort(dim=-1, descending=True).values
+        top = values.sort(dim=-1, descending=True).values
     else:
-        top = keys.topk(min(top_k_cap, keys.shape[-1]), dim=-1).values  # descending
-    kept = (_filter_sorted(key_values(top), params.top_k, params.top_p) != float("-inf")).sum(dim=-1)
-    last_kept = top.gather(-1, (kept - 1).clamp_min(0)[:, None])[:, 0]
-    cutoff = torch.where(kept > 0, last_kept, torch.iinfo(torch.int64).max)
+        top = values.topk(min(top_k_cap, values.shape[-1]), dim=-1).values  # descending
+    kept = (_filter_sorted(top, params.top_k, params.top_p) != float("-inf")).sum(dim=-1)
+    cutoff = torch.where(kept > 0, _key_at(values, top, (kept - 1).clamp_min(0)), torch.iinfo(torch.int64).max)
     return torch.where((params.top_k > 0) | (params.top_p < 1), cutoff, torch.iinfo(torch.int64).min)
+
+
+def _key_at(values: torch.Tensor, top: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
+    """[B] int64: the order key of the token at `place` [B] of each row's stable descending order, from the row's
+    values [B, V] and their largest ones sorted, `top`: the value there, and among the tokens of that value
+    (ascending ids) the one at `place` less the number of larger values."""
+    value = top.gather(-1, place[:, None])
+    ties = values == value
+    nth = place - (values > value).sum(dim=-1)  # 0-based, among the ties
+    token = (ties & (ties.cumsum(dim=-1, dtype=torch.int32) == (nth + 1)[:, None])).int().argmax(dim=-1)
+    return _order_key(value[:, 0], token, values.shape[-1])
 
 
 def order_keys_reference(values: torch.Tensor) -> torch.Tensor:
     """[B, V] int64 keys whose descending order is the stable descending sort's (value, then the lower id): the
     value's order-preserving bits (negatives' magnitudes flipped; -0.0 taken as 0.0, which the sort takes as
     equal) over the complemented token id."""
-    vocab = values.shape[-1]
+    token = torch.arange(values.shape[-1], device=values.device, dtype=torch.int64)
+    return _order_key(values, token, values.shape[-1])
+
+
+def _order_key(values: torch.Tensor, token: torch.Tensor, vocab: int) -> torch.Tensor:
     bits = (values + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # as int32, in the floats' order
-    token = torch.arange(vocab, device=values.device, dtype=torch.int64)
     return (ordered.long() << 32) | (vocab - 1 - token)
-
-
-def key_values(keys: torch.Tensor) -> torch.Tensor:
-    """The float32 values order keys were made from (the bit transform is its own inverse)."""
-    ordered = (keys >> 32).int()
-    return (ordered ^ ((ordered >> 31) & 0x7FFFFFFF)).view(torch.float32)
 
 
 def _scaling(params: SamplingTensors, peak: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -14,8 +14,8 @@ processed value of each token itself, as sampler.processed_logits does: scaled b
 min-p floor and, with a cutoff key, for tokens whose order key is below it (top-k and top-p: the kept
 tokens are a prefix of the stable descending order, so one key per row says which). Rows flagged in
 `write_rows` get those values stored over their logits (their logprobs are of the processed distribution);
-the [B, V] processed tensor is never built for the others. `order_keys` gives the keys the cutoff is found
-among.
+the [B, V] processed tensor is never built for the others. `processed_values` gives the values the cutoff is
+selected among.
 """
 
 from __future__ import annotations
@@ -94,32 +94,33 @@ def _processed(x, row, temperature, peak_ptr, min_p_ptr, LIBDEVICE: tl.constexpr
 
 
 @triton.jit
-def _keys_kernel(
-    logits_ptr, temperature_ptr, peak_ptr, min_p_ptr, keys_ptr, vocab, stride_row, greedy_below,
+def _processed_kernel(
+    logits_ptr, temperature_ptr, peak_ptr, min_p_ptr, out_ptr, vocab, stride_row, greedy_below,
     CHUNK: tl.constexpr, LIBDEVICE: tl.constexpr,
 ):  # fmt: skip
     row = tl.program_id(0).to(tl.int64)
     ids = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(logits_ptr + row * stride_row + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
-    temperature = tl.maximum(tl.load(temperature_ptr + row), greedy_below)  # greedy rows' keys go unused
+    temperature = tl.maximum(tl.load(temperature_ptr + row), greedy_below)  # greedy rows' values go unused
     value = _processed(x, row, temperature, peak_ptr, min_p_ptr, LIBDEVICE)
-    tl.store(keys_ptr + row * vocab + ids, order_key(value, ids, vocab), mask=ids < vocab)
+    tl.store(out_ptr + row * vocab + ids, value, mask=ids < vocab)
 
 
-def order_keys(
+def processed_values(
     logits: torch.Tensor, temperature: torch.Tensor, peak: torch.Tensor, min_p: torch.Tensor, greedy_below: float
 ) -> torch.Tensor:
-    """[B, V] int64 order keys (`order_key`) of the processed logits (`_processed`: scaled by temperature, -inf
-    below min-p) from raw fp32 logits and their row maxima `peak`, in one pass."""
+    """[B, V] fp32 processed logits of random rows (`_processed`: scaled by temperature, -inf below min-p; no
+    top-k or top-p) from raw fp32 logits and their row maxima `peak`, in one pass: what the top-k / top-p
+    cutoffs are selected among (sampler.filter_cutoffs)."""
     rows, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1
-    keys = torch.empty(rows, vocab, dtype=torch.int64, device=logits.device)
+    out = torch.empty(rows, vocab, dtype=torch.float32, device=logits.device)
     if rows:
-        _keys_kernel[(rows, triton.cdiv(vocab, CHUNK))](
-            logits, temperature, peak, min_p, keys, vocab, logits.stride(0), greedy_below, CHUNK=CHUNK,
+        _processed_kernel[(rows, triton.cdiv(vocab, CHUNK))](
+            logits, temperature, peak, min_p, out, vocab, logits.stride(0), greedy_below, CHUNK=CHUNK,
             LIBDEVICE=not TRITON_INTERPRET,
         )  # fmt: skip
-    return keys
+    return out
 
 
 @triton.jit
