@@ -221,10 +221,10 @@ class Qwen3ForCausalLM(nn.Module):
         weight = self.lm_head.weight
         if invariant:
             logits = invariant_linear(hidden, weight, out_dtype=torch.float32)
-            return logits if out is None else out.copy_(logits)
-        if hidden.is_cuda and hidden.dtype != torch.float32:
+        elif hidden.is_cuda and hidden.dtype != torch.float32:
             if out is None:
                 return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
             return torch.mm(hidden, weight.t(), out_dtype=torch.float32, out=out)
-        logits = F.linear(hidden, weight).float()
+        else:
+            logits = F.linear(hidden, weight).float()
         return logits if out is None else out.copy_(logits)

@@ -17,11 +17,12 @@ def test_invariant_linear_matches_the_product(rows, n, k):
     torch.testing.assert_close(out[0], ref[0], rtol=1e-5, atol=1e-5 * k * 1e30)
 
 
-def test_invariant_linear_writes_fp32_from_bf16_operands():
+@pytest.mark.parametrize("n", [130, 151_936])  # ragged, and the lm_head's: Qwen3's whole vocabulary
+def test_invariant_linear_writes_fp32_from_bf16_operands(n):
     gen = torch.Generator().manual_seed(1)
-    x, weight = torch.randn(3, 64, generator=gen).bfloat16(), torch.randn(130, 64, generator=gen).bfloat16()
+    x, weight = torch.randn(3, 64, generator=gen).bfloat16(), torch.randn(n, 64, generator=gen).bfloat16()
     out = invariant_linear(x, weight, out_dtype=torch.float32)
-    assert out.dtype == torch.float32
+    assert out.dtype == torch.float32 and out.isfinite().all()
     torch.testing.assert_close(out, invariant_linear_reference(x, weight, torch.float32), rtol=1e-5, atol=1e-4)
 
 
