@@ -198,12 +198,15 @@ def _attend_tile(q, k_base, v_base, block_table, keys, position, kv_end, d_mask,
     v = tl.load(v_base + (block_ids * stride_v_block + offsets * stride_v_offset)[:, None], mask=kv_mask, other=0.0)
     if UPCAST:
         k, v = k.to(tl.float32), v.to(tl.float32)
-    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION) * qk_scale_log2
+    scores = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
     if CAUSAL:
         scores = tl.where(keys[None, :] <= position[:, None], scores, float("-inf"))
+    # The max is of the unscaled scores and the scale applied after the subtraction, so the compiler cannot
+    # fuse the scaling into the subtraction (an FMA) where no mask stands between them: a key tile then
+    # gives the same bits in either loop, and a token the same output whatever chunk it is prefilled in.
     new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-    alpha = tl.exp2(running_max - new_max)
-    p = tl.exp2(scores - new_max[:, None])
+    alpha = tl.exp2((running_max - new_max) * qk_scale_log2)
+    p = tl.exp2((scores - new_max[:, None]) * qk_scale_log2)
     running_sum = running_sum * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return new_max, running_sum, acc

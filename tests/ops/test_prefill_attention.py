@@ -145,6 +145,38 @@ def _check_kernel(q, paged, plan, scale, tolerance):
     assert _rel_err(out, paged_prefill_attention_reference(q, paged.k_cache, paged.v_cache, plan, scale)) <= tolerance
 
 
+def _chunked_same_bits(device, length, chunk, num_kv_heads, group_size, head_dim, dtype):
+    """One prompt's attention whole, then in chunks (each beside another sequence's chunk, as a batch puts
+    them): the same bits for every token (engine.batch_invariant's prefill steps rely on it)."""
+    generator = torch.Generator().manual_seed(5)
+    other = 37  # the other sequence: its last 37 of 90 tokens are new in every step
+    paged = PagedSequences([(0, length), (90 - other, other)], 16, num_kv_heads, head_dim, generator, dtype, device)
+    q = torch.randn(length + other, num_kv_heads * group_size, head_dim, generator=generator).to(dtype).to(device)
+    scale = head_dim**-0.5
+
+    def attend(first: int, count: int) -> torch.Tensor:
+        plan = PrefillPlan.build(
+            [count, other], [first + count, 90], paged.block_tables, q.device, group_size=group_size
+        )
+        step_q = torch.cat([q[first : first + count], q[length:]])
+        return paged_prefill_attention(step_q, paged.k_cache, paged.v_cache, plan, scale)[:count]
+
+    whole = attend(0, length)
+    chunked = torch.cat([attend(first, min(chunk, length - first)) for first in range(0, length, chunk)])
+    assert torch.equal(chunked, whole)
+
+
+def test_a_token_gets_the_same_bits_in_any_chunk():
+    _chunked_same_bits("cpu", 150, 48, 1, 2, 16, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_token_gets_the_same_bits_in_any_chunk_on_gpu():
+    """Qwen3-0.6B's heads (16 over 8 KV heads, head_dim 128), bf16: where the compiler may fuse arithmetic."""
+    _chunked_same_bits("cuda", 700, 48, 8, 2, 128, torch.bfloat16)
+
+
 @pytest.mark.parametrize("dtype, tolerance", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
 def test_cpu_path_matches_reference(monkeypatch, dtype, tolerance):
     monkeypatch.setattr(ops, "TRITON_INTERPRET", False)
