@@ -36,7 +36,7 @@ from qwen3_runtime.step_inputs import InputStager, RequestRow
 from qwen3_runtime.step_output import StepOutputs
 
 # Graph variants: greedy batches draw no noise; random rows asking for top-k (at most TOP_K_CAP) select their
-# top order keys; only a batch with a random row asking for top-p alone, or a larger top-k, sorts the keys.
+# top-k exactly without a sort; only a batch with a random row asking for top-p alone, or a larger top-k, sorts.
 # Each comes penalized or not: only batches with a penalized row take the penalties' pass over the logits.
 GREEDY, RANDOM, TOP_K, FILTERED = "greedy", "random", "top_k", "filtered"
 TOP_K_CAP = 128
@@ -221,7 +221,7 @@ class ModelRunner:
             params = inp.sampling(rows)
             peak = penalized_logits.amax(dim=-1)
             cutoff = None
-            if variant != RANDOM:  # top-k and top-p: the keys' selection (TOP_K) or sort (FILTERED)
+            if variant != RANDOM:  # top-k and top-p: a selection (TOP_K) or a sort (FILTERED)
                 cutoff = filter_cutoffs(penalized_logits, params, peak, TOP_K_CAP if variant == TOP_K else None)
             tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows], cutoff)
         # Raw logprobs are of the logits before penalties, processed ones of what was sampled: written over the

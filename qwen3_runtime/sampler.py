@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from qwen3_runtime.logprobs import reduce_logprobs
 from qwen3_runtime.ops import use_triton
 from qwen3_runtime.ops.gumbel_sample import gumbel_sample, processed_values
 
@@ -84,19 +85,27 @@ def filter_cutoffs(
     """[B] int64: per random row, the order key (order_keys_reference) of the last token that top-k then top-p
     keep in the stable descending order of its processed logits, so that they keep exactly the tokens whose keys
     are >= it; the smallest key for rows with neither filter, the largest where nothing is kept. The row's values
-    are sorted, or with top_k_cap (every filtering random row asks 0 < top_k <= top_k_cap) only the `top_k_cap`
-    largest selected: fp32 values, half the bytes of the keys, whose ties the last kept token's key settles
-    after (`_key_at`). Top-p sums the kept probabilities in float64, in the sort's order."""
+    are sorted, or with top_k_cap (every filtering random row asks 0 < top_k <= top_k_cap) only its top_k
+    largest selected, exactly, by the logprobs' top-k reduction (logprobs/kernels.py: block maxima, then
+    counting; no sort). Top-p sums the kept probabilities in float64, in that order."""
     if use_triton(logits):
         values = processed_values(logits, params.temperature, peak, params.min_p, GREEDY_BELOW)
     else:
         values = processed_logits(logits, params, peak, filtered=False)
     if top_k_cap is None:
         top = values.sort(dim=-1, descending=True).values
+        kept = (_filter_sorted(top, params.top_k, params.top_p) != float("-inf")).sum(dim=-1)
+        last_kept = _key_at(values, top, (kept - 1).clamp_min(0))
     else:
-        top = values.topk(min(top_k_cap, values.shape[-1]), dim=-1).values  # descending
-    kept = (_filter_sorted(top, params.top_k, params.top_p) != float("-inf")).sum(dim=-1)
-    cutoff = torch.where(kept > 0, _key_at(values, top, (kept - 1).clamp_min(0)), torch.iinfo(torch.int64).max)
+        cap = min(top_k_cap, values.shape[-1])
+        top_ids = reduce_logprobs(
+            values, torch.zeros_like(params.top_k), params.top_k, cap, row_mask=random_rows(params)
+        ).top_ids.long()  # -1 past each row's top_k
+        top = values.gather(-1, top_ids.clamp_min(0)).masked_fill_(top_ids < 0, float("-inf"))
+        kept = (_filter_sorted(top, params.top_k, params.top_p) != float("-inf")).sum(dim=-1)
+        place = (kept - 1).clamp_min(0)[:, None]
+        last_kept = _order_key(top.gather(-1, place)[:, 0], top_ids.gather(-1, place)[:, 0], values.shape[-1])
+    cutoff = torch.where(kept > 0, last_kept, torch.iinfo(torch.int64).max)
     return torch.where((params.top_k > 0) | (params.top_p < 1), cutoff, torch.iinfo(torch.int64).min)
 
 
