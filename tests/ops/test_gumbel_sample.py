@@ -205,10 +205,21 @@ def test_matches_the_reference_on_gpu_at_qwen3_vocab(rows):
     [(v, f) for v in (100, 2 * CHUNK + 77) for f in ("none", "top_k", "top_p")] + [(VOCAB, "top_p")],  # Qwen3's
 )
 def test_raw_logits_sample_as_their_processed_ones_and_flagged_rows_are_written(vocab, filters):
-    """sample_raw (the kernel's scaling, min-p, top-k/top-p cutoff and noise in one pass; the cutoffs from the
-    order-keys kernel) against sample(processed_logits(...)), the sort-based reference: the same tokens, and the
-    rows flagged for processed logprobs hold the reference's values bit for bit. Rows: greedy, plain
-    temperature, min-p, a huge peak (shifted), a -inf and a NaN row, a row of ties."""
+    _check_raw_sampling(vocab, filters, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("filters", ["top_k", "top_p"])
+def test_raw_logits_sample_as_their_processed_ones_on_gpu_at_qwen3_vocab(filters):
+    _check_raw_sampling(VOCAB, filters, "cuda")
+
+
+def _check_raw_sampling(vocab: int, filters: str, device: str) -> None:
+    """sample_raw (the kernel's scaling, min-p, top-k/top-p cutoff and noise in one pass; the cutoffs from
+    filter_cutoffs' top-k selection or sort) against sample(processed_logits(...)), the sort-based reference: the
+    same tokens, and the rows flagged for processed logprobs hold the reference's values bit for bit. Rows:
+    greedy, plain temperature, min-p, a huge peak (shifted), a -inf and a NaN row, a row of ties."""
     gen = torch.Generator().manual_seed(vocab)
     logits = torch.randn(7, vocab, generator=gen) * 3
     logits[3, 5] = 3e38
@@ -224,6 +235,8 @@ def test_raw_logits_sample_as_their_processed_ones_and_flagged_rows_are_written(
     elif filters == "top_p":
         params.top_p.copy_(torch.tensor([0.5, 0.9, 0.3, 0.95, 0.7, 1.0, 0.6]))
     write_rows = torch.tensor([1, 0, 1, 1, 1, 0, 1])
+    logits, write_rows = logits.to(device), write_rows.to(device)
+    params = SamplingTensors(*(t.to(device) for t in vars(params).values()))
     peak = logits.amax(dim=-1)
     processed = processed_logits(logits, params, peak, filtered=filters != "none")
     expected = _check(processed, params)
