@@ -35,7 +35,7 @@ SAMPLING = {
     "greedy": {"temperature": 0},
     "temperature": {"temperature": 1.0},
     "filtered": {"temperature": 0.7, "top_p": 0.8, "top_k": 20},
-    "top_p": {"temperature": 0.7, "top_p": 0.8},  # top-p alone: the graph variant that sorts the order keys
+    "top_p": {"temperature": 0.7, "top_p": 0.8},  # top-p alone: the graph variant that sorts the processed values
     # greedy with the penalties users send: the penalized graph variant's extra pass over the logits
     "penalized": {"temperature": 0, "repetition_penalty": 1.1, "frequency_penalty": 0.2, "presence_penalty": 0.2},
     "min_p": {"temperature": 1.0, "min_p": 0.05},
