@@ -1,6 +1,7 @@
 """Per-kernel decisions for the decode step, measured on the GPU (CUDA-graph replay medians, µs):
 the Qwen3-4B projections through cuBLAS against ops/linear.py's skinny GEMM, the paged decode
-attention's tile size and split count, and what engine.batch_invariant's GEMM costs against cuBLAS.
+attention's tile size and split count, what engine.batch_invariant's GEMM costs against cuBLAS, and the
+sampler's passes over a step's [B, 151936] logits (each against greedy's argmax, the pass every step has).
 
 Usage: python -m scripts.bench_kernels --out DIR
 """
@@ -15,8 +16,12 @@ from pathlib import Path
 import torch
 
 from qwen3_runtime.ops import decode_attention
+from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.ops.invariant_linear import invariant_linear
 from qwen3_runtime.ops.linear import linear, linear_partials
+from qwen3_runtime.ops.penalties import apply_penalties
+from qwen3_runtime.runner import TOP_K_CAP
+from qwen3_runtime.sampler import SamplingTensors, filter_cutoffs, sample_raw
 from scripts.report import environment
 from scripts.timing import copy_bandwidth, graph_us_per_call
 
@@ -132,11 +137,52 @@ def attention_rows(bandwidth: float) -> list[dict]:
     return rows
 
 
+def sampling_rows(batches: list[int]) -> list[dict]:
+    """The sampler's passes at Qwen3's vocabulary, the step's own settings (bench_decode's modes): greedy's argmax;
+    temperature 0.7's Gumbel pass; the top-k 20 and top-p 0.8 cutoffs by selection (graph variant top_k) and by
+    the sort (top-p alone, variant filtered); the penalties' copy (every row penalized)."""
+    rows, vocab = [], LM_HEAD[1]
+    for batch in batches:
+        logits = [torch.randn(batch, vocab, device="cuda") * 3 for _ in range(4)]
+        full = lambda value, dtype: torch.full((batch,), value, device="cuda", dtype=dtype)  # noqa: E731
+        params = SamplingTensors(
+            full(0.7, torch.float32), full(20, torch.int32), full(0.8, torch.float32),
+            torch.arange(batch, device="cuda"), full(128, torch.int64), full(0.0, torch.float32),
+        )  # fmt: skip
+        top_p_alone = SamplingTensors(**{**vars(params), "top_k": full(-1, torch.int32)})
+        no_writes = full(0, torch.int32)
+        counts = torch.randint(0, 3, (batch, vocab), device="cuda", dtype=torch.int32)
+        penalty_state = (
+            torch.arange(batch, device="cuda", dtype=torch.int32), full(0.2, torch.float32),
+            full(0.2, torch.float32), full(1.1, torch.float32), no_writes, counts,
+            (torch.rand(batch, vocab, device="cuda") < 0.01).to(torch.uint8),
+            torch.full((batch, 4), -1, device="cuda", dtype=torch.int32),
+        )  # fmt: skip
+        parts = {
+            "greedy_argmax": lambda x: greedy_max(x),
+            "temperature_sample": lambda x: sample_raw(x, params, x.amax(dim=-1), no_writes),
+            "top_k_cutoffs": lambda x: filter_cutoffs(x, params, x.amax(dim=-1), TOP_K_CAP),
+            "top_p_sort_cutoffs": lambda x: filter_cutoffs(x, top_p_alone, x.amax(dim=-1)),
+            "penalties_copy": lambda x: apply_penalties(x, *penalty_state),
+        }
+        row = {"batch": batch, **{name: graph_us_per_call(step, logits) for name, step in parts.items()}}
+        rows.append(row)
+        print(
+            f"sampling B={batch:3d}: "
+            + "  ".join(f"{name} {us:7.1f} us" for name, us in row.items() if name != "batch"),
+            flush=True,
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 16, 32])
-    parser.add_argument("--parts", nargs="+", default=["gemm", "attention"], choices=["gemm", "attention", "invariant"])
+    parser.add_argument(
+        "--parts", nargs="+", default=["gemm", "attention"], choices=["gemm", "attention", "invariant", "sampling"]
+    )
     parser.add_argument("--invariant-rows", type=int, nargs="+", default=[16, 64, 256, 1024, 2048])
+    parser.add_argument("--sampling-rows", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
@@ -147,6 +193,8 @@ def main() -> None:
         result["attention"] = attention_rows(bandwidth)
     if "invariant" in args.parts:
         result["invariant"] = invariant_rows(args.invariant_rows)
+    if "sampling" in args.parts:
+        result["sampling"] = sampling_rows(args.sampling_rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernels.json").write_text(json.dumps(result, indent=2))
 
