@@ -39,7 +39,7 @@ from qwen3_runtime.step_output import StepOutputs
 # top-k exactly without a sort; only a batch with a random row asking for top-p alone, or a larger top-k, sorts.
 # Each comes penalized or not: only batches with a penalized row take the penalties' pass over the logits.
 GREEDY, RANDOM, TOP_K, FILTERED = "greedy", "random", "top_k", "filtered"
-TOP_K_CAP = 128
+TOP_K_CAP = 64
 
 
 @dataclass

@@ -11,13 +11,17 @@ from dataclasses import dataclass
 
 import torch
 
-from qwen3_runtime.logprobs import reduce_logprobs
+from qwen3_runtime.logprobs import LogprobBuffers, reduce_logprobs
+from qwen3_runtime.logprobs.reduce import ReduceConfig
 from qwen3_runtime.ops import use_triton
 from qwen3_runtime.ops.gumbel_sample import gumbel_sample, processed_values
 
 _MASK32 = 0xFFFFFFFF
 # Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
 GREEDY_BELOW = 1e-5
+# The top-k selection's reduction (filter_cutoffs): sixteen warps hold its candidate tiles (top_k_cap blocks of
+# 128 logits) in registers without spilling at a cap of 64.
+TOP_K_REDUCE = ReduceConfig(finish_warps=16)
 # Hash bits per uniform: (k + 0.5) / 2**23 is exact in float32 for every k < 2**23, never 0 or 1.
 NOISE_BITS = 23
 
@@ -97,14 +101,15 @@ def filter_cutoffs(
         kept = (_filter_sorted(top, params.top_k, params.top_p) != float("-inf")).sum(dim=-1)
         last_kept = _key_at(values, top, (kept - 1).clamp_min(0))
     else:
-        cap = min(top_k_cap, values.shape[-1])
-        top_ids = reduce_logprobs(
-            values, torch.zeros_like(params.top_k), params.top_k, cap, row_mask=random_rows(params)
-        ).top_ids.long()  # -1 past each row's top_k
+        rows, vocab = values.shape
+        cap = min(top_k_cap, vocab)
+        out = LogprobBuffers.allocate(rows, cap, vocab, values.device, TOP_K_REDUCE)
+        reduce_logprobs(values, torch.zeros_like(params.top_k), params.top_k, cap, random_rows(params), out)
+        top_ids = out.top_ids.long()  # -1 past each row's top_k
         top = values.gather(-1, top_ids.clamp_min(0)).masked_fill_(top_ids < 0, float("-inf"))
         kept = (_filter_sorted(top, params.top_k, params.top_p) != float("-inf")).sum(dim=-1)
         place = (kept - 1).clamp_min(0)[:, None]
-        last_kept = _order_key(top.gather(-1, place)[:, 0], top_ids.gather(-1, place)[:, 0], values.shape[-1])
+        last_kept = _order_key(top.gather(-1, place)[:, 0], top_ids.gather(-1, place)[:, 0], vocab)
     cutoff = torch.where(kept > 0, last_kept, torch.iinfo(torch.int64).max)
     return torch.where((params.top_k > 0) | (params.top_p < 1), cutoff, torch.iinfo(torch.int64).min)
 
