@@ -89,40 +89,33 @@ def filter_cutoffs(
     """[B] int64: per random row, the order key (order_keys_reference) of the last token that top-k then top-p
     keep in the stable descending order of its processed logits, so that they keep exactly the tokens whose keys
     are >= it; the smallest key for rows with neither filter, the largest where nothing is kept. The row's values
-    are sorted, or with top_k_cap (every filtering random row asks 0 < top_k <= top_k_cap) only its top_k
-    largest selected, exactly, by the logprobs' top-k reduction (logprobs/kernels.py: block maxima, then
-    counting; no sort). Top-p sums the kept probabilities in float64, in that order."""
+    are sorted (stably: ties in id order, as the keys rank them), or with top_k_cap (every filtering random row
+    asks 0 < top_k <= top_k_cap) only its top_k largest selected, exactly, by the logprobs' top-k reduction
+    (logprobs/kernels.py: block maxima, then counting; no sort). Top-p sums the kept probabilities in float64,
+    in that order."""
     if use_triton(logits):
         values = processed_values(logits, params.temperature, peak, params.min_p, GREEDY_BELOW)
     else:
         values = processed_logits(logits, params, peak, filtered=False)
     if top_k_cap is None:
-        top = values.sort(dim=-1, descending=True).values
-        kept = (_filter_sorted(top, params.top_k, params.top_p) != float("-inf")).sum(dim=-1)
-        last_kept = _key_at(values, top, (kept - 1).clamp_min(0))
+        top, ids = values.sort(dim=-1, descending=True, stable=True)
     else:
-        rows, vocab = values.shape
-        cap = min(top_k_cap, vocab)
-        out = LogprobBuffers.allocate(rows, cap, vocab, values.device, TOP_K_REDUCE)
-        reduce_logprobs(values, torch.zeros_like(params.top_k), params.top_k, cap, random_rows(params), out)
-        top_ids = out.top_ids.long()  # -1 past each row's top_k
-        top = values.gather(-1, top_ids.clamp_min(0)).masked_fill_(top_ids < 0, float("-inf"))
-        kept = (_filter_sorted(top, params.top_k, params.top_p) != float("-inf")).sum(dim=-1)
-        place = (kept - 1).clamp_min(0)[:, None]
-        last_kept = _order_key(top.gather(-1, place)[:, 0], top_ids.gather(-1, place)[:, 0], vocab)
+        ids = _top_k_ids(values, params, top_k_cap)
+        top = values.gather(-1, ids.clamp_min(0)).masked_fill_(ids < 0, float("-inf"))
+    kept = (_filter_sorted(top, params.top_k, params.top_p) != float("-inf")).sum(dim=-1)
+    place = (kept - 1).clamp_min(0)[:, None]
+    last_kept = _order_key(top.gather(-1, place)[:, 0], ids.gather(-1, place)[:, 0], values.shape[-1])
     cutoff = torch.where(kept > 0, last_kept, torch.iinfo(torch.int64).max)
     return torch.where((params.top_k > 0) | (params.top_p < 1), cutoff, torch.iinfo(torch.int64).min)
 
 
-def _key_at(values: torch.Tensor, top: torch.Tensor, place: torch.Tensor) -> torch.Tensor:
-    """[B] int64: the order key of the token at `place` [B] of each row's stable descending order, from the row's
-    values [B, V] and their largest ones sorted, `top`: the value there, and among the tokens of that value
-    (ascending ids) the one at `place` less the number of larger values."""
-    value = top.gather(-1, place[:, None])
-    ties = values == value
-    nth = place - (values > value).sum(dim=-1)  # 0-based, among the ties
-    token = (ties & (ties.cumsum(dim=-1, dtype=torch.int32) == (nth + 1)[:, None])).int().argmax(dim=-1)
-    return _order_key(value[:, 0], token, values.shape[-1])
+def _top_k_ids(values: torch.Tensor, params: SamplingTensors, cap: int) -> torch.Tensor:
+    """[B, min(cap, V)] int64: each random row's top_k token ids in the stable descending order of `values`, -1
+    past them (and on other rows)."""
+    rows, vocab = values.shape
+    out = LogprobBuffers.allocate(rows, min(cap, vocab), vocab, values.device, TOP_K_REDUCE)
+    reduce_logprobs(values, torch.zeros_like(params.top_k), params.top_k, min(cap, vocab), random_rows(params), out)
+    return out.top_ids.long()
 
 
 def order_keys_reference(values: torch.Tensor) -> torch.Tensor:

@@ -103,15 +103,16 @@ def _processed_kernel(
     x = tl.load(logits_ptr + row * stride_row + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
     temperature = tl.maximum(tl.load(temperature_ptr + row), greedy_below)  # greedy rows' values go unused
     value = _processed(x, row, temperature, peak_ptr, min_p_ptr, LIBDEVICE)
-    tl.store(out_ptr + row * vocab + ids, value, mask=ids < vocab)
+    # -0.0 as 0.0: a radix sort (CUDA's) would order -0.0 below 0.0, where the order keys tie them.
+    tl.store(out_ptr + row * vocab + ids, tl.where(value == 0.0, 0.0, value), mask=ids < vocab)
 
 
 def processed_values(
     logits: torch.Tensor, temperature: torch.Tensor, peak: torch.Tensor, min_p: torch.Tensor, greedy_below: float
 ) -> torch.Tensor:
     """[B, V] fp32 processed logits of random rows (`_processed`: scaled by temperature, -inf below min-p; no
-    top-k or top-p) from raw fp32 logits and their row maxima `peak`, in one pass: what the top-k / top-p
-    cutoffs are selected among (sampler.filter_cutoffs)."""
+    top-k or top-p; -0.0 stored as 0.0) from raw fp32 logits and their row maxima `peak`, in one pass: what the
+    top-k / top-p cutoffs are selected among (sampler.filter_cutoffs)."""
     rows, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1
     out = torch.empty(rows, vocab, dtype=torch.float32, device=logits.device)
