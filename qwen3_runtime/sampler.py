@@ -15,6 +15,7 @@ from qwen3_runtime.logprobs import LogprobBuffers, reduce_logprobs
 from qwen3_runtime.logprobs.reduce import ReduceConfig
 from qwen3_runtime.ops import use_triton
 from qwen3_runtime.ops.gumbel_sample import gumbel_sample, processed_values
+from qwen3_runtime.ops.kept_prefix import filter_sorted, kept_prefix
 
 _MASK32 = 0xFFFFFFFF
 # Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
@@ -102,7 +103,7 @@ def filter_cutoffs(
     else:
         ids = _top_k_ids(values, params, top_k_cap)
         top = values.gather(-1, ids.clamp_min(0)).masked_fill_(ids < 0, float("-inf"))
-    kept = (_filter_sorted(top, params.top_k, params.top_p) != float("-inf")).sum(dim=-1)
+    kept = kept_prefix(top, params.top_k, params.top_p)
     place = (kept - 1).clamp_min(0)[:, None]
     last_kept = _order_key(top.gather(-1, place)[:, 0], ids.gather(-1, place)[:, 0], values.shape[-1])
     cutoff = torch.where(kept > 0, last_kept, torch.iinfo(torch.int64).max)
@@ -159,24 +160,9 @@ def sample_reference(processed: torch.Tensor, params: SamplingTensors) -> torch.
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """-inf outside each row's top-k and outside the smallest prefix holding top_p of the mass.
-    The mass is summed in float64: in float32 the running sum over ~150k probabilities reaches
-    1 early and masks tail tokens even at top_p = 1, which is therefore skipped outright."""
+    """-inf outside each row's top-k and outside the smallest prefix holding top_p of the mass (filter_sorted)."""
     sorted_logits, order = logits.sort(dim=-1, descending=True, stable=True)
-    return torch.full_like(logits, float("-inf")).scatter(-1, order, _filter_sorted(sorted_logits, top_k, top_p))
-
-
-def _filter_sorted(sorted_logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Rows in descending order (ties: the lower id first), -inf from each row's top_k-th on (top_k <= 0: off)
-    and past the smallest prefix holding top_p of what is left's mass, summed in float64."""
-    width = sorted_logits.shape[-1]
-    rank = torch.arange(width, device=sorted_logits.device)[None, :]
-    k = torch.where(top_k > 0, top_k.long(), width)[:, None]
-    sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
-    probs = sorted_logits.softmax(dim=-1, dtype=torch.float64)
-    mass_before = probs.cumsum(dim=-1).sub_(probs)
-    outside = (mass_before > top_p[:, None]) & (top_p < 1)[:, None]
-    return sorted_logits.masked_fill(outside, float("-inf"))
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, filter_sorted(sorted_logits, top_k, top_p))
 
 
 def gumbel_noise(seed: torch.Tensor, position: torch.Tensor, vocab: int) -> torch.Tensor:
