@@ -68,7 +68,8 @@ class PenaltySlots:
             self.free.append(slot)
 
     def apply(self, logits: torch.Tensor, inp: StepInputs, rows: int) -> torch.Tensor:
-        """The penalized copy of the first `rows` staged rows' logits."""
+        """The penalized copy of the first `rows` staged rows' logits; the rows asking processed logprobs also get
+        theirs written over `logits`, which their logprobs are taken from."""
         return apply_penalties(
             logits,
             inp.penalty_slot[:rows],
@@ -79,6 +80,7 @@ class PenaltySlots:
             self.output_counts,
             self.prompt_mask,
             self.stop_ids,
+            write_rows=inp.processed[:rows],
         )
 
     def count(self, tokens: torch.Tensor, slot: torch.Tensor) -> None:

@@ -214,29 +214,27 @@ class ModelRunner:
         count the penalized rows' tokens. Returns `logits`, holding what the logprobs are taken from (raw, or
         processed per row: what was sampled from, penalties included)."""
         inp = self.stager.inputs
+        # Raw logprobs are of the logits before penalties, processed ones of what was sampled: the rows asking
+        # processed logprobs get the penalized values (the penalties' pass), then their processed values (the
+        # sampling pass), written over the raw logits, which nothing else reads after this.
         penalized_logits = self.penalties.apply(logits, inp, rows) if penalized else logits
         if variant == GREEDY:
             peak, tokens = greedy_max(penalized_logits)  # ties: the lower token id
-        else:  # the rows asking for processed logprobs get them written over their (penalized) logits
+        else:
             params = inp.sampling(rows)
             peak = penalized_logits.amax(dim=-1)
             cutoff = None
             if variant != RANDOM:  # top-k and top-p: a selection (TOP_K) or a sort (FILTERED)
                 cutoff = filter_cutoffs(penalized_logits, params, peak, TOP_K_CAP if variant == TOP_K else None)
-            tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows], cutoff)
-        # Raw logprobs are of the logits before penalties, processed ones of what was sampled: written over the
-        # raw logits, which nothing reads after this.
-        lp_logits = logits
-        if penalized:
-            torch.where(inp.processed[:rows, None] != 0, penalized_logits, logits, out=lp_logits)
+            tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows], cutoff, write_to=logits)
         out = self.logprobs.head(rows)
         reduce_logprobs(
-            lp_logits, tokens, inp.num_top[:rows], self.routing.k_max, row_mask=inp.wants_logprobs[:rows], out=out
+            logits, tokens, inp.num_top[:rows], self.routing.k_max, row_mask=inp.wants_logprobs[:rows], out=out
         )
         pack(tokens, out, self.outputs.latest[:rows], peak)
         if penalized:
             self.penalties.count(tokens, inp.penalty_slot[:rows])
-        return lp_logits
+        return logits
 
     def _copy_out(
         self, reqs: list[Request], lp_logits: torch.Tensor | None, prompt_spans: list[ScoredSpan] | None = None

@@ -66,21 +66,23 @@ def sample_raw(
     peak: torch.Tensor,
     write_rows: torch.Tensor,
     cutoff: torch.Tensor | None = None,
+    write_to: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """sample(processed_logits(logits, params, peak), params) without building the processed logits: on the GPU
     one pass forms each token's processed value, its noise and the argmax. `cutoff` (filter_cutoffs; None for a
-    batch without top-k or top-p) says which tokens top-k and top-p keep. Rows with write_rows != 0 get their
-    processed logits written over `logits`."""
+    batch without top-k or top-p) says which tokens top-k and top-p keep. Random rows with write_rows != 0 get
+    their processed logits written over their row of `write_to` (default `logits`)."""
+    write_to = logits if write_to is None else write_to
     if use_triton(logits):
         transform = (peak, params.min_p, write_rows, cutoff)
         return gumbel_sample(
-            logits, params.temperature, params.seed, params.position, GREEDY_BELOW, NOISE_BITS, transform
+            logits, params.temperature, params.seed, params.position, GREEDY_BELOW, NOISE_BITS, transform, write_to
         )
     processed = processed_logits(logits, params, peak, filtered=False)
     if cutoff is not None:
         kept = (order_keys_reference(processed) >= cutoff[:, None]) | ~random_rows(params)[:, None]
         processed = processed.masked_fill(~kept, float("-inf"))
-    logits.copy_(torch.where((write_rows != 0)[:, None], processed, logits))
+    write_to.copy_(torch.where(((write_rows != 0) & random_rows(params))[:, None], processed, write_to))
     return sample_reference(processed, params)
 
 

@@ -54,6 +54,32 @@ def test_penalized_greedy_equals_a_reference_loop(make_runtime, tiny_checkpoint)
     assert [lp.logprob for lp in raw.logprobs] != [lp.logprob for lp in processed.logprobs]
 
 
+def test_penalized_sampled_rows_report_what_was_sampled_from(make_runtime, tiny_checkpoint):
+    """A seeded, penalized, temperature-scaled row beside a plain one: processed logprobs are of the penalized
+    logits over the temperature, raw ones of the logits themselves (transformers, teacher-forced on its tokens)."""
+    import transformers
+
+    rt = make_runtime(tiny_checkpoint)
+    prompt = [5, 6, 7, 8] * 4
+    base = dict(max_tokens=8, temperature=0.8, seed=3, ignore_eos=True, logprobs=0, **PENALIZED)
+    raw, processed = rt.generate(
+        [prompt] * 3,
+        [SamplingParams(**base), SamplingParams(**base, logprobs_mode="processed"), SamplingParams(max_tokens=8)],
+    )[:2]
+    assert raw.token_ids == processed.token_ids
+    model = transformers.Qwen3ForCausalLM.from_pretrained(tiny_checkpoint, dtype=torch.float32).eval()
+    params = SamplingParams(**base)
+    with torch.no_grad():
+        for step, token in enumerate(raw.token_ids):
+            output = raw.token_ids[:step]
+            logits = model(torch.tensor([prompt + output])).logits[0, -1].float()
+            penalized = _penalize(logits, prompt, output, params) / params.temperature
+            want_raw = logits.double().log_softmax(-1)[token].item()
+            want_processed = penalized.double().log_softmax(-1)[token].item()
+            assert math.isclose(raw.logprobs[step].logprob, want_raw, abs_tol=1e-4)
+            assert math.isclose(processed.logprobs[step].logprob, want_processed, abs_tol=1e-4)
+
+
 @pytest.fixture
 def eos_forced(make_runtime, make_checkpoint, monkeypatch):
     """A runtime whose model always ranks EOS (id 11) first and stop id 22 second."""

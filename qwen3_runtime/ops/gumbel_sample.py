@@ -134,10 +134,12 @@ def _chunk_kernel(
     min_p_ptr,
     write_ptr,
     cutoff_ptr,
+    written_ptr,
     chunk_max_ptr,
     chunk_id_ptr,
     vocab,
     stride_row,
+    stride_written,
     num_chunks,
     greedy_below,
     NOISE_BITS: tl.constexpr,
@@ -165,7 +167,7 @@ def _chunk_kernel(
                 kept = order_key(processed, ids, vocab) >= tl.load(cutoff_ptr + row)
                 processed = tl.where(kept, processed, float("-inf"))
             if tl.load(write_ptr + row) != 0:
-                tl.store(logits_ptr + row * stride_row + ids, processed, mask=ids < vocab)
+                tl.store(written_ptr + row * stride_written + ids, processed, mask=ids < vocab)
     peak, first = largest_first(tl.where(is_random, processed + noise, x), ids, vocab)
     tl.store(chunk_max_ptr + row * num_chunks + chunk, peak)
     tl.store(chunk_id_ptr + row * num_chunks + chunk, first)
@@ -181,13 +183,15 @@ def gumbel_sample(
     greedy_below: float,
     noise_bits: int,
     transform: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
+    write_to: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token ids [B] int64: argmax over each row of fp32 `processed` [B, V] plus the row's Gumbel noise, or
     of `processed` alone where temperature < greedy_below. Ties go to the lower id; a row holding a NaN
     gets its first NaN's id. `transform` (peak [B] f32: each row's largest logit, min_p [B] f32, write_rows [B]
     int, cutoff [B] int64 or None): `processed` holds raw logits, and random rows sample from their processed
     values (`_processed`), -inf where the token's order key is below cutoff; rows with write_rows != 0 get those
-    values written over theirs. Allocates only by (B, V): capturable in a CUDA graph."""
+    values written over their row of `write_to` (default: `processed` itself). Allocates only by (B, V):
+    capturable in a CUDA graph."""
     rows, vocab = processed.shape
     assert processed.dtype == torch.float32 and processed.stride(1) == 1 and noise_bits <= 23
     assert seed.dtype == position.dtype == torch.int64 and temperature.dtype == torch.float32
@@ -196,6 +200,8 @@ def gumbel_sample(
         assert all(t.shape == (rows,) and t.stride() == (1,) for t in transform if t is not None)
         assert transform[0].dtype == transform[1].dtype == torch.float32
         assert transform[3] is None or transform[3].dtype == torch.int64
+    write_to = processed if write_to is None else write_to
+    assert write_to.shape == processed.shape and write_to.dtype == torch.float32 and write_to.stride(1) == 1
     num_chunks = triton.cdiv(vocab, CHUNK)
     chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=processed.device)
     chunk_id = torch.empty(rows, num_chunks, dtype=torch.int32, device=processed.device)
@@ -206,10 +212,12 @@ def gumbel_sample(
             seed,
             position,
             *[temperature if t is None else t for t in transform or (None,) * 4],  # unread without TRANSFORM, CUTOFF
+            write_to,
             chunk_max,
             chunk_id,
             vocab,
             processed.stride(0),
+            write_to.stride(0),
             num_chunks,
             greedy_below,
             NOISE_BITS=noise_bits,

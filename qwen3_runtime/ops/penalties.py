@@ -3,7 +3,9 @@ pass over a batch's fp32 logits, reading each penalized row's token history from
 penalty slot: no token list is uploaded per step, and the [slots, V] state is read only for rows that hold a
 slot.
 
-One program per (row, chunk of the vocabulary). A row with slot < 0 is copied unchanged. For the others, in
+One program per (row, chunk of the vocabulary). A row with slot < 0 is copied unchanged; a row flagged in
+`write_rows` also gets its penalized values written back over its logits (its processed logprobs are taken from
+them), so no second [B, V] pass picks raw or penalized rows. For the others, in
 vLLM's order: tokens seen in the prompt or the output get logit / r when positive, logit * r otherwise; then
 logit -= frequency * count and -= presence * (count > 0) over the output's counts; then, while the row's
 suppress flag is set, its stop ids (-1 padded) get -inf. The division rounds to nearest (tl.div_rn), as
@@ -33,6 +35,7 @@ def _penalties_kernel(
     counts_ptr,
     prompt_mask_ptr,
     stop_ids_ptr,
+    write_ptr,
     vocab,
     stride_logits,
     stride_out,
@@ -42,6 +45,7 @@ def _penalties_kernel(
     num_stop,
     BLOCK_STOP: tl.constexpr,
     CHUNK: tl.constexpr,
+    WRITE: tl.constexpr,
 ):
     row = tl.program_id(0).to(tl.int64)
     ids = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
@@ -66,7 +70,11 @@ def _penalties_kernel(
     is_stop = tl.max((ids[:, None] == stops[None, :]).to(tl.int32), axis=1) != 0
     suppress = tl.load(suppress_ptr + row) != 0
     y = tl.where(is_stop & suppress, float("-inf"), y)
-    tl.store(out_ptr + row * stride_out + ids, tl.where(held, y, x), mask=in_vocab)
+    y = tl.where(held, y, x)
+    tl.store(out_ptr + row * stride_out + ids, y, mask=in_vocab)
+    if WRITE:
+        if tl.load(write_ptr + row) != 0:
+            tl.store(logits_ptr + row * stride_logits + ids, y, mask=in_vocab)
 
 
 def apply_penalties(
@@ -80,16 +88,20 @@ def apply_penalties(
     prompt_mask: torch.Tensor,
     stop_ids: torch.Tensor,
     out: torch.Tensor | None = None,
+    write_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The penalized copy of fp32 `logits` [B, V]. Per row ([B] each): `slot` (int, < 0: no penalties) into
     `output_counts` (int32 [S, V]), `prompt_mask` (uint8 [S, V], nonzero: in the prompt) and `stop_ids` (int32
     [S, N], -1 padded); presence, frequency and repetition (f32); suppress_stop (int, nonzero: the stop ids are
-    -inf). Written into `out` when given (the kernel path), else a new tensor; allocates only by (B, V): capturable
-    in a CUDA graph."""
+    -inf). Written into `out` when given (the kernel path), else a new tensor; rows with write_rows [B] != 0 (int)
+    are also written over `logits`. Allocates only by (B, V): capturable in a CUDA graph."""
     if not use_triton(logits):
-        return apply_penalties_reference(
+        penalized = apply_penalties_reference(
             logits, slot, presence, frequency, repetition, suppress_stop, output_counts, prompt_mask, stop_ids
         )
+        if write_rows is not None:
+            logits.copy_(torch.where((write_rows != 0)[:, None], penalized, logits))
+        return penalized
     rows, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1
     assert output_counts.dtype == stop_ids.dtype == torch.int32 and prompt_mask.dtype == torch.uint8
@@ -107,6 +119,7 @@ def apply_penalties(
             output_counts,
             prompt_mask,
             stop_ids,
+            slot if write_rows is None else write_rows,  # unread without WRITE
             vocab,
             logits.stride(0),
             out.stride(0),
@@ -116,6 +129,7 @@ def apply_penalties(
             stop_ids.shape[1],
             BLOCK_STOP=triton.next_power_of_2(stop_ids.shape[1]),
             CHUNK=CHUNK,
+            WRITE=write_rows is not None,
             num_warps=4,
         )
     return out

@@ -253,3 +253,27 @@ def _check_raw_sampling(vocab: int, filters: str, device: str) -> None:
     assert torch.equal(raw[flagged].isnan(), processed[flagged].isnan())
     assert torch.equal(raw[flagged].nan_to_num(), processed[flagged].nan_to_num())
     assert torch.equal(raw[~flagged].nan_to_num(), logits[~flagged].nan_to_num())
+
+
+@pytest.mark.parametrize("kernel_path", [True, False])
+def test_processed_rows_go_to_write_to_and_the_input_stays(monkeypatch, kernel_path):
+    """write_to (the runner's raw logits when the sampled ones are a penalized copy): the flagged random rows'
+    processed values land there, its other rows are left as they were, the sampled logits are not written."""
+    if not kernel_path:
+        monkeypatch.setattr(ops, "TRITON_INTERPRET", False)
+    gen = torch.Generator().manual_seed(5)
+    logits = torch.randn(4, 2 * CHUNK + 77, generator=gen) * 3
+    params = _params(4, temperature=0.7)
+    params.temperature[1] = 0.0  # greedy: never written by sampling
+    write_rows = torch.tensor([1, 1, 0, 1])
+    before = logits.clone()
+    write_to = torch.full_like(logits, float("nan"))
+
+    tokens = sample_raw(logits, params, logits.amax(dim=-1), write_rows, write_to=write_to)
+    expected = sample_reference(processed_logits(before, params, before.amax(dim=-1), False), params)
+
+    written = torch.tensor([True, False, False, True])
+    assert torch.equal(logits, before)
+    assert torch.equal(write_to[written], processed_logits(before, params, before.amax(dim=-1), False)[written])
+    assert write_to[~written].isnan().all()
+    assert torch.equal(tokens, expected)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 
+from qwen3_runtime.ops import penalties
 from qwen3_runtime.ops.penalties import CHUNK, apply_penalties, apply_penalties_reference
 
 NUM_STOP = 3  # not a power of two: the kernel pads the load
@@ -97,6 +98,24 @@ def test_kernel_matches_the_reference(vocab):
     held = inp["slot"] >= 0
     assert torch.equal(out[~held].view(torch.int32), inp["logits"][~held].view(torch.int32))  # bit for bit
     assert not torch.equal(out[held], inp["logits"][held])
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_flagged_rows_are_also_written_over_the_logits(monkeypatch, kernel):
+    """write_rows: those rows' penalized values go over their logits too (a held and an unheld row among them);
+    the other rows' logits stay raw, bit for bit."""
+    inp = _inputs(CHUNK + 5, seed=11)
+    raw = inp["logits"].clone()
+    write_rows = torch.tensor([1, 1, 0, 0, 1, 0, 0, 1], dtype=torch.int32)
+    if not kernel:
+        monkeypatch.setattr(penalties, "use_triton", lambda t: False)
+
+    out = apply_penalties(**inp, write_rows=write_rows)
+
+    flagged = write_rows != 0
+    _exact(out, apply_penalties_reference(**{**inp, "logits": raw}))
+    _exact(inp["logits"][flagged], out[flagged])
+    assert torch.equal(inp["logits"][~flagged].view(torch.int32), raw[~flagged].view(torch.int32))
 
 
 def test_edge_cases_do_what_they_say():
