@@ -61,15 +61,15 @@ def _penalties_kernel(
     y = tl.where(in_prompt | (count > 0), repeated, x)
     y = y - tl.load(frequency_ptr + row) * count.to(tl.float32)
     y = y - tl.load(presence_ptr + row) * (count > 0).to(tl.float32)
-    stop_cols = tl.arange(0, BLOCK_STOP)
-    stops = tl.load(
-        stop_ids_ptr + slot * stride_stop + stop_cols,
-        mask=(stop_cols < num_stop) & (stop_cols * 0 + slot >= 0),
-        other=-1,
-    )
-    is_stop = tl.max((ids[:, None] == stops[None, :]).to(tl.int32), axis=1) != 0
-    suppress = tl.load(suppress_ptr + row) != 0
-    y = tl.where(is_stop & suppress, float("-inf"), y)
+    if tl.load(suppress_ptr + row) != 0:  # min_tokens not yet reached: the only rows that compare stop ids
+        stop_cols = tl.arange(0, BLOCK_STOP)
+        stops = tl.load(
+            stop_ids_ptr + slot * stride_stop + stop_cols,
+            mask=(stop_cols < num_stop) & (stop_cols * 0 + slot >= 0),
+            other=-1,
+        )
+        is_stop = tl.max((ids[:, None] == stops[None, :]).to(tl.int32), axis=1) != 0
+        y = tl.where(is_stop, float("-inf"), y)
     y = tl.where(held, y, x)
     tl.store(out_ptr + row * stride_out + ids, y, mask=in_vocab)
     if WRITE:
