@@ -14,8 +14,8 @@ processed value of each token itself, as sampler.processed_logits does: scaled b
 min-p floor and, with a cutoff key, for tokens whose order key is below it (top-k and top-p: the kept
 tokens are a prefix of the stable descending order, so one key per row says which). Rows flagged in
 `write_rows` get those values stored over their row of `write_to` (the raw logits, whose rows their logprobs
-are taken from: of the processed distribution); the [B, V] processed tensor is never built for the others. `processed_values` gives the values the cutoff is
-selected among.
+are taken from: of the processed distribution); the [B, V] processed tensor is never built for the others.
+`processed_values` gives the values the cutoff is selected among.
 """
 
 from __future__ import annotations
