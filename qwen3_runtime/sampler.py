@@ -94,8 +94,8 @@ def filter_cutoffs(
     are >= it; the smallest key for rows with neither filter, the largest where nothing is kept. The row's values
     are sorted (stably: ties in id order, as the keys rank them), or with top_k_cap (every filtering random row
     asks 0 < top_k <= top_k_cap) only its top_k largest selected, exactly, by the logprobs' top-k reduction
-    (logprobs/kernels.py: block maxima, then counting; no sort). Top-p sums the kept probabilities in float64,
-    in that order."""
+    (logprobs/kernels.py: block maxima, then counting; no sort). What top-k then top-p keep of that order is
+    counted by ops/kept_prefix.py (the probabilities summed in float64)."""
     if use_triton(logits):
         values = processed_values(logits, params.temperature, peak, params.min_p, GREEDY_BELOW)
     else:
