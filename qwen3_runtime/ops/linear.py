@@ -24,8 +24,11 @@ from qwen3_runtime.ops.invariant_linear import invariant_linear
 from qwen3_runtime.ops.norms import silu_mul
 
 # Up to this many rows the skinny kernel beats cuBLAS on Qwen3-4B's projections (scripts/bench_kernels.py).
-SKINNY_MAX_ROWS = 32
+SKINNY_MAX_ROWS = 64
 BLOCK_N, BLOCK_K = 64, 128
+# Above 32 rows (64-row tiles of x): four stages, and K-tiles of 64 for gate/up, whose epilogue holds both
+# halves (tuned over tile shapes, 3-4 stages, at 64 and 128 rows).
+WIDE_ROWS, WIDE_STAGES, WIDE_GATED_BLOCK_K = 32, 4, 64
 # Weight tiles in flight per SM, over all the programs it holds at once (pipeline stages x programs):
 # tuned over 2-8 stages for each Qwen3-4B projection at 1, 8 and 32 rows (triton 3.6).
 WEIGHT_STAGES_PER_SM = 9
@@ -156,7 +159,9 @@ def _launch(
     rows = x.shape[0]
     k = weight.shape[1]
     n = out.shape[-1]  # output columns: half the weight's rows when gated
-    k_per_split = triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K
+    wide = rows > WIDE_ROWS
+    block_k = WIDE_GATED_BLOCK_K if wide and gated else BLOCK_K
+    k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
     assert x.stride(1) == weight.stride(1) == out.stride(-1) == 1 and triton.cdiv(k, k_per_split) == splits
     assert weight.shape[0] == (2 * n if gated else n)
     tile_cols = BLOCK_N // 2 if gated else BLOCK_N
@@ -175,14 +180,14 @@ def _launch(
         out.stride(-2),
         BLOCK_M=max(16, triton.next_power_of_2(rows)),
         BLOCK_N=BLOCK_N,
-        BLOCK_K=BLOCK_K,
+        BLOCK_K=block_k,
         GATED=gated,
-        EVEN=n % tile_cols == 0 and k % (splits * BLOCK_K) == 0,
+        EVEN=n % tile_cols == 0 and k % (splits * block_k) == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PREFETCH_TILES=prefetch_tiles,
         DEPENDENTS_EARLY=dependents_early,
         num_warps=4,
-        num_stages=_num_stages(tiles * splits, x.device),
+        num_stages=WIDE_STAGES if wide else _num_stages(tiles * splits, x.device),
         **pdl_launch(x),
     )
 

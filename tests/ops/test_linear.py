@@ -11,7 +11,7 @@ def _close(ours: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
     torch.testing.assert_close(ours.double(), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
 
 
-@pytest.mark.parametrize("rows", [1, 3, 17])
+@pytest.mark.parametrize("rows", [1, 3, 17, 40])  # 40: the wide tiles past 32 rows
 @pytest.mark.parametrize("n,k", [(64, 128), (80, 200)])  # whole tiles / ragged N and K
 def test_linear_matches_the_product(rows, n, k):
     gen = torch.Generator().manual_seed(rows * n)
@@ -32,7 +32,7 @@ def test_partials_add_up_to_the_product(splits, n, k):
     _close(parts.sum(0), x, weight)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 17])
+@pytest.mark.parametrize("rows", [1, 3, 17, 40])
 @pytest.mark.parametrize("n,k", [(64, 128), (40, 200)])  # whole tiles / ragged columns and K
 def test_gated_linear_is_silu_of_gate_times_up(rows, n, k):
     gen = torch.Generator().manual_seed(rows + n)
@@ -102,7 +102,7 @@ def test_larger_batches_prefill_and_empty_ones_go_to_the_library(monkeypatch):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("rows", [1, 8, 32])
+@pytest.mark.parametrize("rows", [1, 8, 32, 64])
 def test_bf16_projections_of_qwen3_4b_on_the_gpu(rows):
     gen = torch.Generator(device="cuda").manual_seed(rows)
     for n, k in [(6144, 2560), (19456, 2560), (2560, 4096), (2560, 9728)]:
