@@ -29,14 +29,15 @@ from qwen3_runtime.packing import pack, packed_width
 from qwen3_runtime.penalty_slots import PenaltySlots
 from qwen3_runtime.prefill_inputs import PrefillStager
 from qwen3_runtime.request import Request
-from qwen3_runtime.sampler import filter_cutoffs, sample_raw
+from qwen3_runtime.sampler import filter_cutoffs, sample_raw, sample_top_k
 from qwen3_runtime.scheduler import PrefillChunk
 from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.step_inputs import InputStager, RequestRow
 from qwen3_runtime.step_output import StepOutputs
 
-# Graph variants: greedy batches draw no noise; random rows asking for top-k (at most TOP_K_CAP) select their
-# top-k exactly without a sort; only a batch with a random row asking for top-p alone, or a larger top-k, sorts.
+# Graph variants: greedy batches draw no noise; random rows asking for top-k (at most TOP_K_CAP) sample among
+# their top-k candidates, selected exactly without a sort; only a batch with a random row asking for top-p
+# alone, or a larger top-k, sorts.
 # Each comes penalized or not: only batches with a penalized row take the penalties' pass over the logits.
 GREEDY, RANDOM, TOP_K, FILTERED = "greedy", "random", "top_k", "filtered"
 TOP_K_CAP = 64
@@ -220,12 +221,12 @@ class ModelRunner:
         penalized_logits = self.penalties.apply(logits, inp, rows) if penalized else logits
         if variant == GREEDY:
             peak, tokens = greedy_max(penalized_logits)  # ties: the lower token id
+        elif variant == TOP_K:
+            peak, tokens = sample_top_k(penalized_logits, inp.sampling(rows), inp.processed[:rows], logits, TOP_K_CAP)
         else:
             params = inp.sampling(rows)
             peak = penalized_logits.amax(dim=-1)
-            cutoff = None
-            if variant != RANDOM:  # top-k and top-p: a selection (TOP_K) or a sort (FILTERED)
-                cutoff = filter_cutoffs(penalized_logits, params, peak, TOP_K_CAP if variant == TOP_K else None)
+            cutoff = filter_cutoffs(penalized_logits, params, peak) if variant == FILTERED else None
             tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows], cutoff, write_to=logits)
         out = self.logprobs.head(rows)
         reduce_logprobs(

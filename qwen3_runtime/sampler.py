@@ -11,18 +11,14 @@ from dataclasses import dataclass
 
 import torch
 
-from qwen3_runtime.logprobs import LogprobBuffers, reduce_logprobs
-from qwen3_runtime.logprobs.reduce import ReduceConfig
 from qwen3_runtime.ops import use_triton
 from qwen3_runtime.ops.gumbel_sample import gumbel_sample, processed_values
 from qwen3_runtime.ops.kept_prefix import filter_sorted, kept_prefix
+from qwen3_runtime.ops.top_k_sample import top_k_candidates
 
 _MASK32 = 0xFFFFFFFF
 # Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
 GREEDY_BELOW = 1e-5
-# The top-k selection's reduction (filter_cutoffs): sixteen warps hold its candidate tiles (top_k_cap blocks of
-# 128 logits) in registers without spilling at a cap of 64.
-TOP_K_REDUCE = ReduceConfig(finish_warps=16)
 # Hash bits per uniform: (k + 0.5) / 2**23 is exact in float32 for every k < 2**23, never 0 or 1.
 NOISE_BITS = 23
 
@@ -86,39 +82,44 @@ def sample_raw(
     return sample_reference(processed, params)
 
 
-def filter_cutoffs(
-    logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor, top_k_cap: int | None = None
-) -> torch.Tensor:
+def sample_top_k(
+    logits: torch.Tensor, params: SamplingTensors, write_rows: torch.Tensor, write_to: torch.Tensor, cap: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(peak [B]: each row's largest logit, tokens [B]) as sample_raw(logits, params, peak, write_rows,
+    filter_cutoffs(...), write_to) gives them, for a batch whose random rows ask 0 < top_k <= cap, or no top-k
+    and no top-p. On the GPU the top-k rows sample among their k candidates alone (ops/top_k_sample.py); the
+    full pass runs only for the random rows without top-k and the rows whose processed logits are written."""
+    if not use_triton(logits):
+        peak = logits.amax(dim=-1)
+        return peak, sample_raw(logits, params, peak, write_rows, filter_cutoffs(logits, params, peak), write_to)
+    peak, tokens, cutoff, done = top_k_candidates(
+        logits, params.temperature, params.top_k, params.top_p, params.min_p, params.seed, params.position,
+        write_rows, GREEDY_BELOW, NOISE_BITS, cap,
+    )  # fmt: skip
+    transform = (peak, params.min_p, write_rows, cutoff)
+    gumbel_sample(
+        logits, params.temperature, params.seed, params.position, GREEDY_BELOW, NOISE_BITS, transform, write_to,
+        done, tokens,
+    )  # fmt: skip
+    return peak, tokens
+
+
+def filter_cutoffs(logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor) -> torch.Tensor:
     """[B] int64: per random row, the order key (order_keys_reference) of the last token that top-k then top-p
     keep in the stable descending order of its processed logits, so that they keep exactly the tokens whose keys
     are >= it; the smallest key for rows with neither filter, the largest where nothing is kept. The row's values
-    are sorted (stably: ties in id order, as the keys rank them), or with top_k_cap (every filtering random row
-    asks 0 < top_k <= top_k_cap) only its top_k largest selected, exactly, by the logprobs' top-k reduction
-    (logprobs/kernels.py: block maxima, then counting; no sort). What top-k then top-p keep of that order is
+    are sorted (stably: ties in id order, as the keys rank them); what top-k then top-p keep of that order is
     counted by ops/kept_prefix.py (the probabilities summed in float64)."""
     if use_triton(logits):
         values = processed_values(logits, params.temperature, peak, params.min_p, GREEDY_BELOW)
     else:
         values = processed_logits(logits, params, peak, filtered=False)
-    if top_k_cap is None:
-        top, ids = values.sort(dim=-1, descending=True, stable=True)
-    else:
-        ids = _top_k_ids(values, params, top_k_cap)
-        top = values.gather(-1, ids.clamp_min(0)).masked_fill_(ids < 0, float("-inf"))
+    top, ids = values.sort(dim=-1, descending=True, stable=True)
     kept = kept_prefix(top, params.top_k, params.top_p)
     place = (kept - 1).clamp_min(0)[:, None]
     last_kept = _order_key(top.gather(-1, place)[:, 0], ids.gather(-1, place)[:, 0], values.shape[-1])
     cutoff = torch.where(kept > 0, last_kept, torch.iinfo(torch.int64).max)
     return torch.where((params.top_k > 0) | (params.top_p < 1), cutoff, torch.iinfo(torch.int64).min)
-
-
-def _top_k_ids(values: torch.Tensor, params: SamplingTensors, cap: int) -> torch.Tensor:
-    """[B, min(cap, V)] int64: each random row's top_k token ids in the stable descending order of `values`, -1
-    past them (and on other rows)."""
-    rows, vocab = values.shape
-    out = LogprobBuffers.allocate(rows, min(cap, vocab), vocab, values.device, TOP_K_REDUCE)
-    reduce_logprobs(values, torch.zeros_like(params.top_k), params.top_k, min(cap, vocab), random_rows(params), out)
-    return out.top_ids.long()
 
 
 def order_keys_reference(values: torch.Tensor) -> torch.Tensor:

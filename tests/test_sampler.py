@@ -267,11 +267,10 @@ def test_min_p_composes_with_top_k_and_spares_greedy_rows():
 
 
 @pytest.mark.parametrize("vocab", [3000, VOCAB])
-@pytest.mark.parametrize("cap", [64, None])
-def test_cutoff_keys_keep_what_the_sort_keeps(vocab, cap):
+def test_cutoff_keys_keep_what_the_sort_keeps(vocab):
     """Rows of ties (few distinct values), -inf, -0.0 beside 0.0, huge values, rows without filters, top_k from 1
-    to the cap, with and without top-p; the top `cap` keys selected or all sorted: the tokens whose order keys
-    reach the row's cutoff are those the full sort keeps."""
+    to 3000, with and without top-p, top-p alone: the tokens whose order keys reach the row's cutoff are those
+    the full sort keeps."""
     gen = torch.Generator().manual_seed(3)
     rows = [
         torch.randn(vocab, generator=gen) * 4,
@@ -283,14 +282,13 @@ def test_cutoff_keys_keep_what_the_sort_keeps(vocab, cap):
     ]
     logits = torch.stack(rows)
     cases = [([1, 5, 64, 40, 2, -1], 1.0), ([7, 64, 3, 64, 33, -1], 0.7), ([64] * 5 + [-1], 0.2)]
-    if cap is None:  # top-p alone, and top-k past any cap
-        cases += [([-1] * 6, 0.9), ([500, -1, 3000, -1, 1, -1], 0.5)]
+    cases += [([-1] * 6, 0.9), ([500, -1, 3000, -1, 1, -1], 0.5)]
     for top_k, top_p in cases:
         params = _params(6)
         params.top_k.copy_(torch.tensor(top_k))
         params.top_p.copy_(torch.tensor([top_p] * 5 + [1.0]))
         filters = (params.top_k > 0) | (params.top_p < 1)
-        cutoff = filter_cutoffs(logits, params, logits.amax(-1), cap)
+        cutoff = filter_cutoffs(logits, params, logits.amax(-1))
         kept = logits.masked_fill(order_keys_reference(logits) < cutoff[:, None], float("-inf"))
         expected = torch.where(filters[:, None], _top_k_top_p(logits, params.top_k, params.top_p), logits)
         assert torch.equal(kept, expected), (top_k, top_p)

@@ -132,6 +132,22 @@ def _top_k_store_many(block_max, blk, real, row_ptr, scratch_ptr, k, vocab, lse,
                       BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, GROUP: tl.constexpr,
                       K_PAD: tl.constexpr, C: tl.constexpr):  # fmt: skip
     pos = tl.arange(0, K_PAD)
+    top_v, top_id = top_k_sorted(block_max, blk, real, row_ptr, scratch_ptr, k, vocab, 0.0, 1.0,
+                                 BLOCK, GROUPS_PAD, GROUP, K_PAD, C, False)  # fmt: skip
+    tl.store(ids_out + pos, top_id, mask=pos < k)
+    tl.store(lp_out + pos, top_v - lse, mask=pos < k)
+
+
+@triton.jit
+def top_k_sorted(block_max, blk, real, row_ptr, scratch_ptr, k, vocab, shift, temperature,
+                 BLOCK: tl.constexpr, GROUPS_PAD: tl.constexpr, GROUP: tl.constexpr,
+                 K_PAD: tl.constexpr, C: tl.constexpr, SCALED: tl.constexpr):  # fmt: skip
+    """The row's k (1 <= k <= K_PAD) largest elements as [K_PAD] tiles (values, ids), value descending, id
+    ascending, -inf and -1 from k on. `block_max` [GROUPS_PAD, GROUP] holds the maxima of the row's blocks
+    (`blk` their ids; `real` where they exist) of the values ranked. SCALED: those values are the row's
+    elements as (x - shift) / temperature (IEEE division: monotonic, so a block's scaled maximum is its
+    scaled maximum element), the sampler's processed logits before min-p."""
+    pos = tl.arange(0, K_PAD)
     # Phase 1: the k blocks of largest (maximum, -block id), and t2, the smallest of their maxima.
     t1 = _kth_largest_value(tl.max(block_max, axis=1), k)
     t1 = tl.where(k > GROUPS_PAD, float("-inf"), t1)  # fewer groups than k: every block competes
@@ -156,20 +172,23 @@ def _top_k_store_many(block_max, blk, real, row_ptr, scratch_ptr, k, vocab, lse,
     ids = tl.where(use, top_blk, 0)[:, None] * BLOCK + tl.arange(0, BLOCK)[None, :]
     present = use[:, None] & (ids < vocab)
     x = tl.load(row_ptr + ids, mask=present, other=float("-inf")).to(tl.float32)
+    if SCALED:
+        x = tl.math.div_rn(x - shift, temperature)
     x = tl.where(x == 0.0, 0.0, x)  # -0.0 ties +0.0
     chosen = present & (x >= t2)
     n2 = tl.sum(tl.sum(chosen.to(tl.int32), axis=1), axis=0)
     if n2 <= C:
         cv, cid, valid = _compact(chosen, x, ids, n2, scratch_ptr + 2 * C, C)
-        rank = _ranks(cv, cid, valid)
-        top = valid & (rank < k)
-        tl.store(ids_out + rank, cid, mask=top)
-        tl.store(lp_out + rank, cv - lse, mask=top)
+        at = (_ranks(cv, cid, valid)[None, :] == pos[:, None]) & (pos < k)[:, None]  # [K_PAD, C]: by rank
+        top_v = tl.max(tl.where(at, cv[None, :], float("-inf")), axis=1)
+        top_id = tl.max(tl.where(at, cid[None, :], -1), axis=1)
     else:
         keys = tl.where(present, _order_key(x, ids), KEY_NONE)
         top_keys = _top_by_rounds(tl.reshape(keys, [K_PAD * BLOCK]), k, K_PAD)
-        tl.store(ids_out + pos, _key_id(top_keys), mask=pos < k)
-        tl.store(lp_out + pos, _key_value(top_keys) - lse, mask=pos < k)
+        found = (pos < k) & (top_keys != KEY_NONE)
+        top_v = tl.where(found, _key_value(top_keys), float("-inf"))
+        top_id = tl.where(found, _key_id(top_keys), -1)
+    return top_v, top_id
 
 
 @triton.jit

@@ -53,14 +53,19 @@ def row_max_kernel(
     chunk_id_ptr,
     peak_ptr,
     token_ptr,
+    done_ptr,
     num_chunks,
     vocab,
     BLOCK_CHUNKS: tl.constexpr,
+    HAS_DONE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
+    if HAS_DONE:  # rows sampled elsewhere keep their token
+        if tl.load(done_ptr + row) != 0:
+            return
     chunks = tl.arange(0, BLOCK_CHUNKS)
     mask = chunks < num_chunks
     m = tl.load(chunk_max_ptr + row * num_chunks + chunks, mask=mask, other=float("-inf"))
@@ -97,21 +102,29 @@ def greedy_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return reduce_chunks(chunk_max, chunk_id, vocab)
 
 
-def reduce_chunks(chunk_max: torch.Tensor, chunk_id: torch.Tensor, vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+def reduce_chunks(
+    chunk_max: torch.Tensor,
+    chunk_id: torch.Tensor,
+    vocab: int,
+    done: torch.Tensor | None = None,
+    token: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Stage 2 (row_max_kernel): each row's (largest value [B] f32, its token id [B] int64) from its chunks'
-    maxima and ids [B, num_chunks], chunks in id order."""
+    maxima and ids [B, num_chunks], chunks in id order; into `token` when given, skipping rows `done`."""
     rows, num_chunks = chunk_max.shape
     peak = torch.empty(rows, dtype=torch.float32, device=chunk_max.device)
-    token = torch.empty(rows, dtype=torch.int64, device=chunk_max.device)
+    token = torch.empty(rows, dtype=torch.int64, device=chunk_max.device) if token is None else token
     if rows:
         row_max_kernel[(rows,)](
             chunk_max,
             chunk_id,
             peak,
             token,
+            peak if done is None else done,  # unread without HAS_DONE
             num_chunks,
             vocab,
             BLOCK_CHUNKS=triton.next_power_of_2(num_chunks),
+            HAS_DONE=done is not None,
             num_warps=1,
             **pdl_launch(chunk_max),
         )

@@ -135,6 +135,7 @@ def _chunk_kernel(
     write_ptr,
     cutoff_ptr,
     written_ptr,
+    done_ptr,
     chunk_max_ptr,
     chunk_id_ptr,
     vocab,
@@ -147,12 +148,16 @@ def _chunk_kernel(
     TRANSFORM: tl.constexpr,
     CUTOFF: tl.constexpr,
     LIBDEVICE: tl.constexpr,
+    HAS_DONE: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
         gdc_wait()
     row = tl.program_id(0).to(tl.int64)
     chunk = tl.program_id(1)
+    if HAS_DONE:
+        if tl.load(done_ptr + row) != 0:
+            return
     ids = chunk * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(logits_ptr + row * stride_row + ids, mask=ids < vocab, other=float("-inf")).to(tl.float32)
     key = row_key(tl.load(seed_ptr + row), tl.load(position_ptr + row))
@@ -184,14 +189,17 @@ def gumbel_sample(
     noise_bits: int,
     transform: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
     write_to: torch.Tensor | None = None,
+    done: torch.Tensor | None = None,
+    tokens: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Token ids [B] int64: argmax over each row of fp32 `processed` [B, V] plus the row's Gumbel noise, or
     of `processed` alone where temperature < greedy_below. Ties go to the lower id; a row holding a NaN
     gets its first NaN's id. `transform` (peak [B] f32: each row's largest logit, min_p [B] f32, write_rows [B]
     int, cutoff [B] int64 or None): `processed` holds raw logits, and random rows sample from their processed
     values (`_processed`), -inf where the token's order key is below cutoff; rows with write_rows != 0 get those
-    values written over their row of `write_to` (default: `processed` itself). Allocates only by (B, V):
-    capturable in a CUDA graph."""
+    values written over their row of `write_to` (default: `processed` itself). `done` [B] bool: rows already
+    sampled (ops/top_k_sample.py), skipped, their entries of `tokens` (the result, when given) left as they are.
+    Allocates only by (B, V): capturable in a CUDA graph."""
     rows, vocab = processed.shape
     assert processed.dtype == torch.float32 and processed.stride(1) == 1 and noise_bits <= 23
     assert seed.dtype == position.dtype == torch.int64 and temperature.dtype == torch.float32
@@ -213,6 +221,7 @@ def gumbel_sample(
             position,
             *[temperature if t is None else t for t in transform or (None,) * 4],  # unread without TRANSFORM, CUTOFF
             write_to,
+            temperature if done is None else done,  # unread without HAS_DONE
             chunk_max,
             chunk_id,
             vocab,
@@ -225,7 +234,8 @@ def gumbel_sample(
             TRANSFORM=transform is not None,
             CUTOFF=transform is not None and transform[3] is not None,
             LIBDEVICE=not TRITON_INTERPRET,
+            HAS_DONE=done is not None,
             num_warps=4,
             **pdl_launch(processed),
         )
-    return greedy.reduce_chunks(chunk_max, chunk_id, vocab)[1]
+    return greedy.reduce_chunks(chunk_max, chunk_id, vocab, done, tokens)[1]

@@ -21,6 +21,7 @@ from qwen3_runtime.sampler import (
     sample,
     sample_raw,
     sample_reference,
+    sample_top_k,
 )
 
 VOCAB = 151_936
@@ -217,9 +218,9 @@ def test_raw_logits_sample_as_their_processed_ones_on_gpu_at_qwen3_vocab(filters
 
 def _check_raw_sampling(vocab: int, filters: str, device: str) -> None:
     """sample_raw (the kernel's scaling, min-p, top-k/top-p cutoff and noise in one pass; the cutoffs from
-    filter_cutoffs' top-k selection or sort) against sample(processed_logits(...)), the sort-based reference: the
-    same tokens, and the rows flagged for processed logprobs hold the reference's values bit for bit. Rows:
-    greedy, plain temperature, min-p, a huge peak (shifted), a -inf and a NaN row, a row of ties."""
+    filter_cutoffs' sort), or sample_top_k for top-k rows, against sample(processed_logits(...)), the sort-based
+    reference: the same tokens, and the rows flagged for processed logprobs hold the reference's values bit for
+    bit. Rows: greedy, plain temperature, min-p, a huge peak (shifted), a -inf and a NaN row, a row of ties."""
     gen = torch.Generator().manual_seed(vocab)
     logits = torch.randn(7, vocab, generator=gen) * 3
     logits[3, 5] = 3e38
@@ -242,10 +243,12 @@ def _check_raw_sampling(vocab: int, filters: str, device: str) -> None:
     expected = _check(processed, params)
 
     raw = logits.clone()
-    cutoff = {"none": None, "top_k": 64, "top_p": "sort"}[filters]
-    if cutoff is not None:
-        cutoff = filter_cutoffs(raw, params, peak, None if cutoff == "sort" else cutoff)
-    tokens = sample_raw(raw, params, peak, write_rows, cutoff)
+    if filters == "top_k":  # the candidates' sampler, and the full pass for the rows it writes
+        tokens = sample_top_k(raw, params, write_rows, raw, cap=64)[1]
+    else:
+        tokens = sample_raw(
+            raw, params, peak, write_rows, filter_cutoffs(raw, params, peak) if filters != "none" else None
+        )
 
     clear = _top2_gap(processed, params) > NEAR_TIE
     assert torch.equal(tokens[clear], expected[clear])

@@ -1,0 +1,94 @@
+"""ops/top_k_sample.py (Triton in the interpreter on the CPU) against the sort-based reference: each row's
+peak, its token where the candidates sample it (the same as sampling the sorted, filtered processed logits but
+for near-ties of logit + noise), the cutoff keeping exactly the tokens the sort keeps, and which rows are left
+to the full pass."""
+
+import pytest
+import torch
+
+from qwen3_runtime.ops.top_k_sample import BLOCK, top_k_candidates
+from qwen3_runtime.sampler import (
+    GREEDY_BELOW,
+    NOISE_BITS,
+    SamplingTensors,
+    gumbel_noise,
+    order_keys_reference,
+    processed_logits,
+    sample_reference,
+)
+
+VOCAB = 151_936
+NEAR_TIE = 1e-5
+CAP = 64
+
+
+def _rows(vocab: int, gen: torch.Generator) -> torch.Tensor:
+    """Random rows; ties everywhere; half -inf; zeros of both signs; huge but finite; a NaN; one block holding
+    the whole top; a top spread one per block; plain random rows for the greedy and unfiltered cases."""
+    rows = [
+        torch.randn(vocab, generator=gen) * 3,
+        torch.randint(-3, 3, (vocab,), generator=gen).float(),
+        torch.randn(vocab, generator=gen).masked_fill(torch.rand(vocab, generator=gen) < 0.5, float("-inf")),
+        torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0),
+        (torch.rand(vocab, generator=gen) * 2 - 1) * 3e38,
+        torch.randn(vocab, generator=gen).index_fill(0, torch.tensor([vocab // 3, vocab - 1]), float("nan")),
+        torch.randn(vocab, generator=gen).index_fill(0, torch.arange(BLOCK, 2 * BLOCK), 9.0),
+        torch.randn(vocab, generator=gen).index_fill(0, torch.arange(0, vocab, BLOCK), 9.0),
+        torch.randn(vocab, generator=gen) * 2,
+        torch.randn(vocab, generator=gen) * 2,
+    ]
+    return torch.stack(rows)
+
+
+def _check(vocab: int, device: str) -> None:
+    gen = torch.Generator().manual_seed(vocab)
+    logits = _rows(vocab, gen)
+    n = logits.shape[0]
+    temperature = torch.tensor([0.7, 1.0, 0.5, 1.3, 1e-3, 0.9, 0.8, 1.1, 0.0, 0.6])  # row 8 greedy
+    top_k = torch.tensor([20, 64, 1, 5, 33, 10, 64, 40, 7, -1])  # row 9: no top-k (left to the full pass)
+    top_p = torch.tensor([0.8, 1.0, 0.5, 0.9, 0.3, 1.0, 0.95, 0.6, 0.8, 1.0])
+    min_p = torch.tensor([0.0, 0.05, 0.0, 0.0, 0.0, 0.0, 0.2, 0.0, 0.0, 0.0])
+    write = torch.tensor([0, 0, 1, 0, 0, 0, 0, 1, 0, 0])
+    seed = torch.arange(n, dtype=torch.int64) * 7919 + vocab
+    params = SamplingTensors(temperature, top_k.int(), top_p, seed, torch.full((n,), 9, dtype=torch.int64), min_p)
+    params = SamplingTensors(*(t.to(device) for t in vars(params).values()))
+    logits, write = logits.to(device), write.to(device)
+    poison = logits.clone()
+
+    peak, token, cutoff, done = top_k_candidates(
+        logits, params.temperature, params.top_k, params.top_p, params.min_p, params.seed, params.position,
+        write, GREEDY_BELOW, NOISE_BITS, CAP,
+    )  # fmt: skip
+    torch.testing.assert_close(logits, poison, rtol=0, atol=0, equal_nan=True)  # read only
+    assert torch.equal(peak.isnan(), logits.isnan().any(-1))
+    assert torch.equal(peak.nan_to_num(), logits.amax(-1).nan_to_num())
+    greedy = temperature.to(device) < GREEDY_BELOW
+    assert done.tolist() == (greedy | ((params.top_k > 0) & (write == 0))).tolist()
+    assert ((token >= 0) & (token < vocab)).all()
+
+    processed = processed_logits(logits, params, logits.amax(-1))
+    expected = sample_reference(processed, params)
+    noise = gumbel_noise(params.seed, params.position, vocab).masked_fill_(greedy[:, None], 0.0)
+    top2 = (processed + noise).topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1] > NEAR_TIE) | greedy
+    nan_row = logits.isnan().any(-1)
+    first_nan = logits.isnan().int().argmax(-1)
+    assert torch.equal(token[nan_row], first_nan[nan_row])
+    check = done & clear & ~nan_row
+    assert check.sum() >= 5 and torch.equal(token[check], expected[check])
+
+    unfiltered = processed_logits(logits, params, logits.amax(-1), filtered=False)
+    kept = unfiltered.masked_fill(order_keys_reference(unfiltered) < cutoff[:, None], float("-inf"))
+    finite = ~greedy & ~nan_row  # the cutoff may differ where it lands among -inf tokens, which no draw picks
+    assert torch.equal(kept[finite].isfinite(), processed[finite].isfinite())
+    assert cutoff[9] == -(2**63)
+
+
+def test_candidates_sample_as_the_sort_at_small_vocabularies():
+    _check(3 * 4096 + 77, "cpu")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_candidates_sample_as_the_sort_on_gpu_at_qwen3_vocab():
+    _check(VOCAB, "cuda")
