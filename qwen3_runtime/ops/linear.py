@@ -23,8 +23,9 @@ from qwen3_runtime.ops import num_sms, pdl_launch, use_triton
 from qwen3_runtime.ops.invariant_linear import invariant_linear
 from qwen3_runtime.ops.norms import silu_mul
 
-# Up to this many rows the skinny kernel beats cuBLAS on Qwen3-4B's projections (scripts/bench_kernels.py).
-SKINNY_MAX_ROWS = 64
+# Up to this many rows the skinny kernel beats cuBLAS on Qwen3-4B's projections (scripts/bench_kernels.py);
+# on the narrow ones (o_proj, down_proj: split-K partials) up to PARTIALS_MAX_ROWS.
+SKINNY_MAX_ROWS, PARTIALS_MAX_ROWS = 64, 128
 BLOCK_N, BLOCK_K = 64, 128
 # Above 32 rows (64-row tiles of x): four stages, and K-tiles of 64 for gate/up, whose epilogue holds both
 # halves (tuned over tile shapes, 3-4 stages, at 64 and 128 rows).
@@ -192,8 +193,8 @@ def _launch(
     )
 
 
-def _skinny(x: torch.Tensor, decode: bool, invariant: bool) -> bool:
-    return decode and not invariant and use_triton(x) and 0 < x.shape[0] <= SKINNY_MAX_ROWS
+def _skinny(x: torch.Tensor, decode: bool, invariant: bool, max_rows: int = SKINNY_MAX_ROWS) -> bool:
+    return decode and not invariant and use_triton(x) and 0 < x.shape[0] <= max_rows
 
 
 def _dense(x: torch.Tensor, weight: torch.Tensor, invariant: bool) -> torch.Tensor:
@@ -253,7 +254,7 @@ def linear_partials(
     stages, faster than 4 equal slices (160 programs of 4 stages), which leave some SMs two programs.
     launched_early: the kernel before lets this one launch as it starts, so each program requests its
     slice's first weight tile of each row before its wait."""
-    if not _skinny(x, decode, invariant):
+    if not _skinny(x, decode, invariant, PARTIALS_MAX_ROWS):
         return _dense(x, weight, invariant)[None]
     n, k = weight.shape
     if splits is None:

@@ -23,12 +23,13 @@ def test_linear_matches_the_product(rows, n, k):
 
 @pytest.mark.parametrize("splits", [1, 2, 3])
 @pytest.mark.parametrize("n,k", [(64, 512), (48, 300)])
-def test_partials_add_up_to_the_product(splits, n, k):
+@pytest.mark.parametrize("rows", [5, 100])  # 100: past SKINNY_MAX_ROWS, the partials' own limit
+def test_partials_add_up_to_the_product(splits, n, k, rows):
     gen = torch.Generator().manual_seed(splits)
-    x, weight = torch.randn(5, k, generator=gen), torch.randn(n, k, generator=gen)
+    x, weight = torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen)
     parts = linear_partials(x, weight, splits=splits)
     # K is cut into slices of whole 128-wide tiles, none empty: 512 columns in 3 slices become 2 of 256.
-    assert parts.shape[1:] == (5, n) and 1 <= parts.shape[0] <= splits and parts.dtype == torch.float32
+    assert parts.shape[1:] == (rows, n) and 1 <= parts.shape[0] <= splits and parts.dtype == torch.float32
     _close(parts.sum(0), x, weight)
 
 
@@ -91,18 +92,19 @@ def test_prefetch_is_about_prefetch_bytes_in_whole_tiles_inside_the_row(monkeypa
 
 
 def test_larger_batches_prefill_and_empty_ones_go_to_the_library(monkeypatch):
-    x, weight = torch.randn(linear_module.SKINNY_MAX_ROWS + 1, 32), torch.randn(16, 32)
-    _close(linear(x, weight), x, weight)
+    x, weight = torch.randn(linear_module.PARTIALS_MAX_ROWS + 1, 32), torch.randn(16, 32)
+    monkeypatch.setattr(linear_module, "_launch", None)  # any skinny launch would fail
+    wide = x[: linear_module.SKINNY_MAX_ROWS + 1]
+    _close(linear(wide, weight), wide, weight)
     assert linear_partials(x, weight).shape == (1, x.shape[0], 16)
     assert linear(x[:0], weight).shape == (0, 16)
-    monkeypatch.setattr(linear_module, "_launch", None)  # any skinny launch would fail
     assert linear_partials(x[:2], weight, decode=False).shape == (1, 2, 16)
     _close(linear(x[:2], weight, decode=False), x[:2], weight)
 
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("rows", [1, 8, 32, 64])
+@pytest.mark.parametrize("rows", [1, 8, 32, 64, 128])
 def test_bf16_projections_of_qwen3_4b_on_the_gpu(rows):
     gen = torch.Generator(device="cuda").manual_seed(rows)
     for n, k in [(6144, 2560), (19456, 2560), (2560, 4096), (2560, 9728)]:
