@@ -93,7 +93,8 @@ def _candidates_kernel(
             kept = (value > float("-inf")) & (mass_before <= tl.where(top_p < 1.0, top_p, float("inf")))
             key = row_key(tl.load(seed_ptr + row), tl.load(position_ptr + row))
             noise = gumbel_from_bits(token_bits(key, ids) >> (32 - NOISE_BITS), NOISE_BITS, LIBDEVICE)
-            _, token = largest_first(tl.where(kept, value + noise, float("-inf")), tl.where(kept, ids, vocab), vocab)
+            _, drawn = largest_first(tl.where(kept, value + noise, float("-inf")), tl.where(kept, ids, vocab), vocab)
+            token = tl.where(drawn < vocab, drawn, token)  # none kept (a row of +inf, failed by its status)
             last = tl.sum(kept.to(tl.int32), axis=0) - 1
             at_last = tl.arange(0, K_PAD) == last
             last_value = tl.max(tl.where(at_last, value, float("-inf")), axis=0)

@@ -24,7 +24,7 @@ CAP = 64
 
 def _rows(vocab: int, gen: torch.Generator) -> torch.Tensor:
     """Random rows; ties everywhere; half -inf; zeros of both signs; huge but finite; a NaN; one block holding
-    the whole top; a top spread one per block; plain random rows for the greedy and unfiltered cases."""
+    the whole top; a top spread one per block; plain random rows for the greedy and unfiltered cases; +inf."""
     rows = [
         torch.randn(vocab, generator=gen) * 3,
         torch.randint(-3, 3, (vocab,), generator=gen).float(),
@@ -36,6 +36,7 @@ def _rows(vocab: int, gen: torch.Generator) -> torch.Tensor:
         torch.randn(vocab, generator=gen).index_fill(0, torch.arange(0, vocab, BLOCK), 9.0),
         torch.randn(vocab, generator=gen) * 2,
         torch.randn(vocab, generator=gen) * 2,
+        torch.randn(vocab, generator=gen).index_fill(0, torch.tensor([7, 700]), float("inf")),
     ]
     return torch.stack(rows)
 
@@ -44,11 +45,11 @@ def _check(vocab: int, device: str) -> None:
     gen = torch.Generator().manual_seed(vocab)
     logits = _rows(vocab, gen)
     n = logits.shape[0]
-    temperature = torch.tensor([0.7, 1.0, 0.5, 1.3, 1e-3, 0.9, 0.8, 1.1, 0.0, 0.6])  # row 8 greedy
-    top_k = torch.tensor([20, 64, 1, 5, 33, 10, 64, 40, 7, -1])  # row 9: no top-k (left to the full pass)
-    top_p = torch.tensor([0.8, 1.0, 0.5, 0.9, 0.3, 1.0, 0.95, 0.6, 0.8, 1.0])
-    min_p = torch.tensor([0.0, 0.05, 0.0, 0.0, 0.0, 0.0, 0.2, 0.0, 0.0, 0.0])
-    write = torch.tensor([0, 0, 1, 0, 0, 0, 0, 1, 0, 0])
+    temperature = torch.tensor([0.7, 1.0, 0.5, 1.3, 1e-3, 0.9, 0.8, 1.1, 0.0, 0.6, 0.7])  # row 8 greedy
+    top_k = torch.tensor([20, 64, 1, 5, 33, 10, 64, 40, 7, -1, 5])  # row 9: no top-k (left to the full pass)
+    top_p = torch.tensor([0.8, 1.0, 0.5, 0.9, 0.3, 1.0, 0.95, 0.6, 0.8, 1.0, 0.9])
+    min_p = torch.tensor([0.0, 0.05, 0.0, 0.0, 0.0, 0.0, 0.2, 0.0, 0.0, 0.0, 0.0])
+    write = torch.tensor([0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0])
     seed = torch.arange(n, dtype=torch.int64) * 7919 + vocab
     params = SamplingTensors(temperature, top_k.int(), top_p, seed, torch.full((n,), 9, dtype=torch.int64), min_p)
     params = SamplingTensors(*(t.to(device) for t in vars(params).values()))
@@ -79,7 +80,8 @@ def _check(vocab: int, device: str) -> None:
 
     unfiltered = processed_logits(logits, params, logits.amax(-1), filtered=False)
     kept = unfiltered.masked_fill(order_keys_reference(unfiltered) < cutoff[:, None], float("-inf"))
-    finite = ~greedy & ~nan_row  # the cutoff may differ where it lands among -inf tokens, which no draw picks
+    finite = ~greedy & ~nan_row & ~logits.isposinf().any(-1)  # (+inf and NaN rows fail by their status)
+    # The cutoff may differ from the sort's where it lands among -inf tokens, which no draw picks.
     assert torch.equal(kept[finite].isfinite(), processed[finite].isfinite())
     assert cutoff[9] == -(2**63)
 
@@ -92,3 +94,30 @@ def test_candidates_sample_as_the_sort_at_small_vocabularies():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_candidates_sample_as_the_sort_on_gpu_at_qwen3_vocab():
     _check(VOCAB, "cuda")
+
+
+@pytest.mark.parametrize("vocab", [50, 300])  # fewer tokens than the cap; fewer blocks than top-k
+def test_candidates_at_vocabularies_smaller_than_the_cap(vocab):
+    gen = torch.Generator().manual_seed(vocab)
+    n = 6
+    logits = torch.randn(n, vocab, generator=gen) * 2
+    logits[1] = torch.randint(-1, 1, (vocab,), generator=gen).float()  # ties
+    temperature = torch.tensor([0.7, 1.0, 0.0, 1.5, 0.9, 0.3])
+    top_k = torch.tensor([64, 64, 3, 40, 1, 8], dtype=torch.int32)
+    top_p = torch.tensor([1.0, 0.9, 1.0, 0.5, 1.0, 0.99])
+    params = SamplingTensors(temperature, top_k, top_p, torch.arange(n) * 31 + 1, torch.full((n,), 3), torch.zeros(n))
+    write = torch.zeros(n, dtype=torch.int32)
+    peak, token, cutoff, done = top_k_candidates(
+        logits, params.temperature, params.top_k, params.top_p, params.min_p, params.seed, params.position,
+        write, GREEDY_BELOW, NOISE_BITS, CAP,
+    )  # fmt: skip
+    processed = processed_logits(logits, params, logits.amax(-1))
+    assert done.all() and torch.equal(peak, logits.amax(-1))
+    greedy = temperature < GREEDY_BELOW
+    noise = gumbel_noise(params.seed, params.position, vocab).masked_fill_(greedy[:, None], 0.0)
+    top2 = (processed + noise).topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1] > NEAR_TIE) | greedy
+    assert torch.equal(token[clear], sample_reference(processed, params)[clear])
+    unfiltered = processed_logits(logits, params, logits.amax(-1), filtered=False)
+    kept = unfiltered.masked_fill(order_keys_reference(unfiltered) < cutoff[:, None], float("-inf"))
+    assert torch.equal(kept[~greedy].isfinite(), processed[~greedy].isfinite())
