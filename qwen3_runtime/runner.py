@@ -36,11 +36,10 @@ from qwen3_runtime.step_inputs import InputStager, RequestRow
 from qwen3_runtime.step_output import StepOutputs
 
 # Graph variants: greedy batches draw no noise; random rows asking for top-k (at most TOP_K_CAP) sample among
-# their top-k candidates, selected exactly without a sort; a batch with a random row asking for top-p alone also
-# selects those rows' cutoffs by a radix select over their mass (TOP_P, a dozen passes the others skip); only a
-# batch with a larger top-k sorts.
+# their top-k candidates, selected exactly without a sort; only a batch with a random row asking for top-p
+# alone, or a larger top-k, sorts.
 # Each comes penalized or not: only batches with a penalized row take the penalties' pass over the logits.
-GREEDY, RANDOM, TOP_K, TOP_P, FILTERED = "greedy", "random", "top_k", "top_p", "filtered"
+GREEDY, RANDOM, TOP_K, FILTERED = "greedy", "random", "top_k", "filtered"
 TOP_K_CAP = 64
 
 
@@ -99,7 +98,7 @@ class ModelRunner:
         # own held in the shared pool (they would add up over the buckets and variants).
         self.logits = torch.empty(max_rows, vocab, dtype=torch.float32, device=self.device)
         variants = [
-            (variant, penalized) for variant in (GREEDY, RANDOM, TOP_K, TOP_P, FILTERED) for penalized in (False, True)
+            (variant, penalized) for variant in (GREEDY, RANDOM, TOP_K, FILTERED) for penalized in (False, True)
         ]
         buckets = engine.cuda_graph_buckets or default_buckets(max_rows)
         self.graphs = StepGraphs(self._decode_step, buckets, variants=variants)
@@ -222,9 +221,8 @@ class ModelRunner:
         penalized_logits = self.penalties.apply(logits, inp, rows) if penalized else logits
         if variant == GREEDY:
             peak, tokens = greedy_max(penalized_logits)  # ties: the lower token id
-        elif variant in (TOP_K, TOP_P):
-            params, write_rows = inp.sampling(rows), inp.processed[:rows]
-            peak, tokens = sample_top_k(penalized_logits, params, write_rows, logits, TOP_K_CAP, variant == TOP_P)
+        elif variant == TOP_K:
+            peak, tokens = sample_top_k(penalized_logits, inp.sampling(rows), inp.processed[:rows], logits, TOP_K_CAP)
         else:
             params = inp.sampling(rows)
             peak = penalized_logits.amax(dim=-1)
@@ -265,8 +263,6 @@ def _penalized(reqs: list[Request]) -> bool:
 def _variant(reqs: list[Request]) -> str:
     random = [req.params for req in reqs if not req.params.greedy]
     filtered = [p for p in random if p.top_k > 0 or p.top_p < 1]
-    if any(p.top_k > TOP_K_CAP for p in filtered):
+    if any(not 0 < p.top_k <= TOP_K_CAP for p in filtered):
         return FILTERED
-    if any(p.top_k <= 0 for p in filtered):  # top-p alone
-        return TOP_P
     return TOP_K if filtered else RANDOM if random else GREEDY

@@ -15,7 +15,6 @@ from qwen3_runtime.ops import use_triton
 from qwen3_runtime.ops.gumbel_sample import gumbel_sample, processed_values
 from qwen3_runtime.ops.kept_prefix import filter_sorted, kept_prefix
 from qwen3_runtime.ops.top_k_sample import top_k_candidates
-from qwen3_runtime.ops.top_p_select import top_p_cutoffs
 
 _MASK32 = 0xFFFFFFFF
 # Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
@@ -84,19 +83,12 @@ def sample_raw(
 
 
 def sample_top_k(
-    logits: torch.Tensor,
-    params: SamplingTensors,
-    write_rows: torch.Tensor,
-    write_to: torch.Tensor,
-    cap: int,
-    top_p_alone: bool = False,
+    logits: torch.Tensor, params: SamplingTensors, write_rows: torch.Tensor, write_to: torch.Tensor, cap: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(peak [B]: each row's largest logit, tokens [B]) as sample_raw(logits, params, peak, write_rows,
     filter_cutoffs(...), write_to) gives them, for a batch whose random rows ask 0 < top_k <= cap, or no top-k
-    (and, unless top_p_alone, no top-p). On the GPU the top-k rows sample among their k candidates alone
-    (ops/top_k_sample.py), the rows asking top-p alone get their cutoff from a radix select
-    (ops/top_p_select.py), and the full pass runs only for the random rows without top-k and the rows whose
-    processed logits are written."""
+    and no top-p. On the GPU the top-k rows sample among their k candidates alone (ops/top_k_sample.py); the
+    full pass runs only for the random rows without top-k and the rows whose processed logits are written."""
     if not use_triton(logits):
         peak = logits.amax(dim=-1)
         return peak, sample_raw(logits, params, peak, write_rows, filter_cutoffs(logits, params, peak), write_to)
@@ -104,8 +96,6 @@ def sample_top_k(
         logits, params.temperature, params.top_k, params.top_p, params.min_p, params.seed, params.position,
         write_rows, GREEDY_BELOW, NOISE_BITS, cap,
     )  # fmt: skip
-    if top_p_alone:
-        top_p_cutoffs(logits, params.temperature, params.top_k, params.top_p, params.min_p, peak, GREEDY_BELOW, cutoff)
     transform = (peak, params.min_p, write_rows, cutoff)
     gumbel_sample(
         logits, params.temperature, params.seed, params.position, GREEDY_BELOW, NOISE_BITS, transform, write_to,

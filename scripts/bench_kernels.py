@@ -140,9 +140,8 @@ def attention_rows(bandwidth: float) -> list[dict]:
 def sampling_rows(batches: list[int]) -> list[dict]:
     """The sampler's passes at Qwen3's vocabulary, the step's own settings (bench_decode's modes): greedy's argmax;
     temperature 0.7's Gumbel pass; top-k 20 + top-p 0.8 sampled among the candidates (graph variant top_k, the
-    peak included); top-p 0.8 alone sampled with its cutoffs by the radix select (variant top_p, everything
-    included), and those cutoffs by the sort instead (variant filtered's way); the penalties' copy (every row
-    penalized)."""
+    peak included); the top-p 0.8 cutoffs by the sort (top-p alone, variant filtered); the penalties' copy (every
+    row penalized)."""
     rows, vocab = [], LM_HEAD[1]
     for batch in batches:
         logits = [torch.randn(batch, vocab, device="cuda") * 3 for _ in range(4)]
@@ -164,7 +163,6 @@ def sampling_rows(batches: list[int]) -> list[dict]:
             "greedy_argmax": lambda x: greedy_max(x),
             "temperature_sample": lambda x: sample_raw(x, params, x.amax(dim=-1), no_writes),
             "top_k_sample": lambda x: sample_top_k(x, params, no_writes, x, TOP_K_CAP),
-            "top_p_select_sample": lambda x: sample_top_k(x, top_p_alone, no_writes, x, TOP_K_CAP, True),
             "top_p_sort_cutoffs": lambda x: filter_cutoffs(x, top_p_alone, x.amax(dim=-1)),
             "penalties_copy": lambda x: apply_penalties(x, *penalty_state),
         }

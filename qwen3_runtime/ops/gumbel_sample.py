@@ -78,22 +78,17 @@ def order_key(value, ids, vocab):
 
 
 @triton.jit
-def scaling_terms(peak, temperature, min_p, LIBDEVICE: tl.constexpr):
-    """sampler._scaling for one row, from its peak (largest raw logit): the shift keeping peak / temperature
-    finite, the row's largest processed value, and the min-p floor below which values become -inf. IEEE
-    division and CUDA's logf, as torch's."""
-    overflows = (tl.abs(peak) < float("inf")) & ~(tl.abs(tl.math.div_rn(peak, temperature)) < float("inf"))
-    shift = tl.where(overflows, peak, 0.0)
-    top = tl.math.div_rn(peak - shift, temperature)
-    return shift, top, top + (libdevice.log(min_p) if LIBDEVICE else tl.log(min_p))
-
-
-@triton.jit
 def _processed(x, row, temperature, peak_ptr, min_p_ptr, LIBDEVICE: tl.constexpr):
     """sampler.processed_logits of a random row's raw logits x, the row's terms (sampler._scaling) formed here
-    from its peak and min-p rather than by a dozen [B] kernels per step: (x - shift) / temperature, -inf below
-    the min-p floor. The values are bit-identical to the reference's."""
-    shift, _, floor = scaling_terms(tl.load(peak_ptr + row), temperature, tl.load(min_p_ptr + row), LIBDEVICE)
+    from its peak and min-p rather than by a dozen [B] kernels per step: the shift keeping peak / temperature
+    finite, then (x - shift) / temperature, -inf below the min-p floor. IEEE division and CUDA's logf, as
+    torch's: the values are bit-identical to the reference's."""
+    peak = tl.load(peak_ptr + row)
+    overflows = (tl.abs(peak) < float("inf")) & ~(tl.abs(tl.math.div_rn(peak, temperature)) < float("inf"))
+    shift = tl.where(overflows, peak, 0.0)
+    min_p = tl.load(min_p_ptr + row)
+    log_min_p = libdevice.log(min_p) if LIBDEVICE else tl.log(min_p)
+    floor = tl.math.div_rn(peak - shift, temperature) + log_min_p
     processed = tl.math.div_rn(x - shift, temperature)
     return tl.where(processed < floor, float("-inf"), processed)
 
