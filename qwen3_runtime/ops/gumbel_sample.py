@@ -78,17 +78,21 @@ def order_key(value, ids, vocab):
 
 
 @triton.jit
-def _processed(x, row, temperature, peak_ptr, min_p_ptr, LIBDEVICE: tl.constexpr):
-    """sampler.processed_logits of a random row's raw logits x, the row's terms (sampler._scaling) formed here
-    from its peak and min-p rather than by a dozen [B] kernels per step: the shift keeping peak / temperature
-    finite, then (x - shift) / temperature, -inf below the min-p floor. IEEE division and CUDA's logf, as
-    torch's: the values are bit-identical to the reference's."""
-    peak = tl.load(peak_ptr + row)
+def scaling_terms(peak, temperature, min_p, LIBDEVICE: tl.constexpr):
+    """sampler._scaling for one row, from its peak (largest raw logit): the shift keeping peak / temperature
+    finite, and the min-p floor of the scaled values. IEEE division and CUDA's logf, as torch's."""
     overflows = (tl.abs(peak) < float("inf")) & ~(tl.abs(tl.math.div_rn(peak, temperature)) < float("inf"))
     shift = tl.where(overflows, peak, 0.0)
-    min_p = tl.load(min_p_ptr + row)
     log_min_p = libdevice.log(min_p) if LIBDEVICE else tl.log(min_p)
-    floor = tl.math.div_rn(peak - shift, temperature) + log_min_p
+    return shift, tl.math.div_rn(peak - shift, temperature) + log_min_p
+
+
+@triton.jit
+def _processed(x, row, temperature, peak_ptr, min_p_ptr, LIBDEVICE: tl.constexpr):
+    """sampler.processed_logits of a random row's raw logits x, the row's terms (scaling_terms) formed here
+    from its peak and min-p rather than by a dozen [B] kernels per step: (x - shift) / temperature, -inf below
+    the min-p floor. The values are bit-identical to the reference's."""
+    shift, floor = scaling_terms(tl.load(peak_ptr + row), temperature, tl.load(min_p_ptr + row), LIBDEVICE)
     processed = tl.math.div_rn(x - shift, temperature)
     return tl.where(processed < floor, float("-inf"), processed)
 

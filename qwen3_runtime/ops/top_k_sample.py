@@ -22,12 +22,11 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
 from qwen3_runtime.logprobs.kernels import top_k_sorted
 from qwen3_runtime.ops import TRITON_INTERPRET, cdiv
 from qwen3_runtime.ops.greedy import largest_first
-from qwen3_runtime.ops.gumbel_sample import gumbel_from_bits, order_key, row_key, token_bits
+from qwen3_runtime.ops.gumbel_sample import gumbel_from_bits, order_key, row_key, scaling_terms, token_bits
 
 CHUNK, BLOCK, GROUP = 4096, 128, 32
 KEY_MIN = tl.constexpr(-(2**63))  # the cutoff that keeps every token (rows without top-k)
@@ -73,18 +72,14 @@ def _candidates_kernel(
         x = tl.load(row_ptr + ids, mask=ids < vocab, other=0.0)
         token = tl.min(tl.where(x != x, ids, vocab), axis=0)
     elif (peak > float("-inf")) & (~is_random | (top_k > 0)):
-        temperature = tl.where(is_random, temperature, 1.0)
-        overflows = is_random & (tl.abs(peak) < float("inf"))
-        overflows = overflows & ~(tl.abs(tl.math.div_rn(peak, temperature)) < float("inf"))
-        shift = tl.where(overflows, peak, 0.0)
+        temperature = tl.where(is_random, temperature, 1.0)  # greedy rows: the raw logits, never shifted
+        shift, floor = scaling_terms(peak, temperature, tl.load(min_p_ptr + row), LIBDEVICE)
         k = tl.where(is_random, tl.minimum(top_k, K_PAD), 1)
         scaled_max = tl.math.div_rn(block_max - shift, temperature)
         value, ids = top_k_sorted(scaled_max, blk, real, row_ptr, scratch_ptr + row * 4 * C, k, vocab, shift,
                                   temperature, BLOCK, GROUPS_PAD, GROUP, K_PAD, C, True)  # fmt: skip
         token = tl.max(tl.where(tl.arange(0, K_PAD) == 0, ids, -1), axis=0)
         if is_random:
-            min_p = tl.load(min_p_ptr + row)
-            floor = tl.math.div_rn(peak - shift, temperature) + (libdevice.log(min_p) if LIBDEVICE else tl.log(min_p))
             value = tl.where(value < floor, float("-inf"), value)
             e = tl.exp(value.to(tl.float64) - tl.max(value, axis=0).to(tl.float64))  # 0 past k and below min-p
             total = tl.sum(e, axis=0)
