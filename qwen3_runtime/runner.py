@@ -26,20 +26,21 @@ from qwen3_runtime.ops import cdiv, num_sms
 from qwen3_runtime.ops.decode_attention import default_num_splits
 from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.packing import pack, packed_width
+from qwen3_runtime.params import SamplingParams
 from qwen3_runtime.penalty_slots import PenaltySlots
 from qwen3_runtime.prefill_inputs import PrefillStager
 from qwen3_runtime.request import Request
-from qwen3_runtime.sampler import filter_cutoffs, sample_raw, sample_top_k
+from qwen3_runtime.sampler import filter_cutoffs, sample_raw, sample_selected
 from qwen3_runtime.scheduler import PrefillChunk
 from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.step_inputs import InputStager, RequestRow
 from qwen3_runtime.step_output import StepOutputs
 
-# Graph variants: greedy batches draw no noise; random rows asking for top-k (at most TOP_K_CAP) sample among
-# their top-k candidates, selected exactly without a sort; only a batch with a random row asking for top-p
-# alone, or a larger top-k, sorts.
+# Graph variants: greedy batches draw no noise; random rows asking for top-k (at most TOP_K_CAP) or top-p select
+# what they keep without a sort; only a batch with a larger top-k, or a row asking top-p alone whose processed
+# logprobs need the cutoff itself, sorts.
 # Each comes penalized or not: only batches with a penalized row take the penalties' pass over the logits.
-GREEDY, RANDOM, TOP_K, FILTERED = "greedy", "random", "top_k", "filtered"
+GREEDY, RANDOM, SELECT, SORT = "greedy", "random", "select", "sort"
 TOP_K_CAP = 64
 
 
@@ -97,9 +98,7 @@ class ModelRunner:
         # The decode step's logits: static, so every graph's output is this one buffer rather than logits of its
         # own held in the shared pool (they would add up over the buckets and variants).
         self.logits = torch.empty(max_rows, vocab, dtype=torch.float32, device=self.device)
-        variants = [
-            (variant, penalized) for variant in (GREEDY, RANDOM, TOP_K, FILTERED) for penalized in (False, True)
-        ]
+        variants = [(variant, penalized) for variant in (GREEDY, RANDOM, SELECT, SORT) for penalized in (False, True)]
         buckets = engine.cuda_graph_buckets or default_buckets(max_rows)
         self.graphs = StepGraphs(self._decode_step, buckets, variants=variants)
         self.prefill_graphs = StepGraphs(
@@ -134,7 +133,7 @@ class ModelRunner:
         previous_rows = {req.request_id: row for row, req in enumerate(previous.reqs)} if previous else {}
         padded_rows = self.graphs.padded_size(len(reqs))
         self.stager.stage(reqs, padded_rows, [previous_rows.get(req.request_id, -1) for req in reqs])
-        _, lp_logits = self.graphs.run(len(reqs), (_variant(reqs), _penalized(reqs)))
+        _, lp_logits = self.graphs.run(len(reqs), (_variant(reqs, self.logprobs_mode), _penalized(reqs)))
         self.stats.decode_steps += 1
         return self._copy_out(reqs, lp_logits)
 
@@ -155,7 +154,7 @@ class ModelRunner:
             self.penalties.acquire(reqs)  # before staging: the slot is a request constant
             self.stager.stage(reqs, len(reqs))
             logits = self._prefill_logits(hidden[self._tensor([row for _, row in last])])
-            lp_logits = self._sample_and_reduce(logits, len(reqs), _variant(reqs), _penalized(reqs))
+            lp_logits = self._sample_and_reduce(logits, len(reqs), _variant(reqs, self.logprobs_mode), _penalized(reqs))
         self.stats.prefill_steps += 1
         return self._copy_out(reqs, lp_logits, prompt_spans)
 
@@ -221,12 +220,14 @@ class ModelRunner:
         penalized_logits = self.penalties.apply(logits, inp, rows) if penalized else logits
         if variant == GREEDY:
             peak, tokens = greedy_max(penalized_logits)  # ties: the lower token id
-        elif variant == TOP_K:
-            peak, tokens = sample_top_k(penalized_logits, inp.sampling(rows), inp.processed[:rows], logits, TOP_K_CAP)
+        elif variant == SELECT:
+            peak, tokens = sample_selected(
+                penalized_logits, inp.sampling(rows), inp.processed[:rows], logits, TOP_K_CAP
+            )
         else:
             params = inp.sampling(rows)
             peak = penalized_logits.amax(dim=-1)
-            cutoff = filter_cutoffs(penalized_logits, params, peak) if variant == FILTERED else None
+            cutoff = filter_cutoffs(penalized_logits, params, peak) if variant == SORT else None
             tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows], cutoff, write_to=logits)
         out = self.logprobs.head(rows)
         reduce_logprobs(
@@ -247,7 +248,7 @@ class ModelRunner:
     def _request_row(self, req: Request) -> RequestRow:
         p = req.params
         device_k = None if p.logprobs is None or self.routing.on_host(p.logprobs) else p.logprobs
-        processed = (p.logprobs_mode or self.logprobs_mode) == "processed"
+        processed = _writes_processed(p, self.logprobs_mode)
         ints = (p.top_k, req.seed, device_k or 0, device_k is not None, processed, self.penalties.slot(req))
         floats = (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
         return RequestRow(ints, floats)
@@ -260,9 +261,15 @@ def _penalized(reqs: list[Request]) -> bool:
     return any(req.params.penalized for req in reqs)
 
 
-def _variant(reqs: list[Request]) -> str:
+def _writes_processed(params: SamplingParams, logprobs_mode: str) -> bool:
+    """Whether the step writes the row's processed logits over its raw ones, for logprobs of what was sampled."""
+    return params.logprobs is not None and (params.logprobs_mode or logprobs_mode) == "processed"
+
+
+def _variant(reqs: list[Request], logprobs_mode: str) -> str:
     random = [req.params for req in reqs if not req.params.greedy]
     filtered = [p for p in random if p.top_k > 0 or p.top_p < 1]
-    if any(not 0 < p.top_k <= TOP_K_CAP for p in filtered):
-        return FILTERED
-    return TOP_K if filtered else RANDOM if random else GREEDY
+    # A row writing its processed logits needs its top-p cutoff, which only the sort gives without a top-k.
+    if any(p.top_k > TOP_K_CAP or (p.top_k <= 0 and _writes_processed(p, logprobs_mode)) for p in filtered):
+        return SORT
+    return SELECT if filtered else RANDOM if random else GREEDY

@@ -15,6 +15,7 @@ from qwen3_runtime.ops import use_triton
 from qwen3_runtime.ops.gumbel_sample import gumbel_sample, processed_values
 from qwen3_runtime.ops.kept_prefix import filter_sorted, kept_prefix
 from qwen3_runtime.ops.top_k_sample import top_k_candidates
+from qwen3_runtime.ops.top_p_sample import top_p_reject
 
 _MASK32 = 0xFFFFFFFF
 # Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
@@ -82,25 +83,28 @@ def sample_raw(
     return sample_reference(processed, params)
 
 
-def sample_top_k(
+def sample_selected(
     logits: torch.Tensor, params: SamplingTensors, write_rows: torch.Tensor, write_to: torch.Tensor, cap: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(peak [B]: each row's largest logit, tokens [B]) as sample_raw(logits, params, peak, write_rows,
-    filter_cutoffs(...), write_to) gives them, for a batch whose random rows ask 0 < top_k <= cap, or no top-k
-    and no top-p. On the GPU the top-k rows sample among their k candidates alone (ops/top_k_sample.py); the
-    full pass runs only for the random rows without top-k and the rows whose processed logits are written."""
+    filter_cutoffs(...), write_to) gives them, for a batch whose random rows ask 0 < top_k <= cap, or top-p alone
+    without their processed logits written, or neither. On the GPU no row sorts: the top-k rows sample among
+    their k candidates (ops/top_k_sample.py), the full pass samples the other random rows, and the rows asking
+    top-p alone are drawn again among the tokens it keeps (ops/top_p_sample.py)."""
     if not use_triton(logits):
         peak = logits.amax(dim=-1)
         return peak, sample_raw(logits, params, peak, write_rows, filter_cutoffs(logits, params, peak), write_to)
-    peak, tokens, cutoff, done = top_k_candidates(
+    peak, tokens, cutoff, done, top_p_rows = top_k_candidates(
         logits, params.temperature, params.top_k, params.top_p, params.min_p, params.seed, params.position,
         write_rows, GREEDY_BELOW, NOISE_BITS, cap,
     )  # fmt: skip
     transform = (peak, params.min_p, write_rows, cutoff)
+    noisy = torch.empty(logits.shape, dtype=torch.float32, device=logits.device)
     gumbel_sample(
         logits, params.temperature, params.seed, params.position, GREEDY_BELOW, NOISE_BITS, transform, write_to,
-        done, tokens,
+        done, tokens, (top_p_rows, noisy),
     )  # fmt: skip
+    top_p_reject(logits, noisy, top_p_rows, params.temperature, peak, params.min_p, params.top_p, tokens)
     return peak, tokens
 
 

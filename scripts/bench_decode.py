@@ -30,12 +30,13 @@ from scripts.hf_reference import random_hf_model, static_cache_tpot
 from scripts.report import environment
 from scripts.timing import copy_bandwidth, matmul_rate
 
-# temperature: the unfiltered random graph variant; filtered: top-k selection; top_p: the sort; min_p: no filter.
+# temperature: the unfiltered random graph variant; filtered: top-k selection; top_p: top-p alone's rounds after
+# the Gumbel pass; min_p: no filter.
 SAMPLING = {
     "greedy": {"temperature": 0},
     "temperature": {"temperature": 1.0},
     "filtered": {"temperature": 0.7, "top_p": 0.8, "top_k": 20},
-    "top_p": {"temperature": 0.7, "top_p": 0.8},  # top-p alone: the graph variant that sorts the processed values
+    "top_p": {"temperature": 0.7, "top_p": 0.8},
     # greedy with the penalties users send: the penalized graph variant's extra pass over the logits
     "penalized": {"temperature": 0, "repetition_penalty": 1.1, "frequency_penalty": 0.2, "presence_penalty": 0.2},
     "min_p": {"temperature": 1.0, "min_p": 0.05},

@@ -21,7 +21,7 @@ from qwen3_runtime.ops.invariant_linear import invariant_linear
 from qwen3_runtime.ops.linear import linear, linear_partials
 from qwen3_runtime.ops.penalties import apply_penalties
 from qwen3_runtime.runner import TOP_K_CAP
-from qwen3_runtime.sampler import SamplingTensors, filter_cutoffs, sample_raw, sample_top_k
+from qwen3_runtime.sampler import SamplingTensors, filter_cutoffs, sample_raw, sample_selected
 from scripts.report import environment
 from scripts.timing import copy_bandwidth, graph_us_per_call
 
@@ -139,9 +139,9 @@ def attention_rows(bandwidth: float) -> list[dict]:
 
 def sampling_rows(batches: list[int]) -> list[dict]:
     """The sampler's passes at Qwen3's vocabulary, the step's own settings (bench_decode's modes): greedy's argmax;
-    temperature 0.7's Gumbel pass; top-k 20 + top-p 0.8 sampled among the candidates (graph variant top_k, the
-    peak included); the top-p 0.8 cutoffs by the sort (top-p alone, variant filtered); the penalties' copy (every
-    row penalized)."""
+    temperature 0.7's Gumbel pass; top-k 20 + top-p 0.8 sampled among the candidates (graph variant select, the
+    peak included); top-p 0.8 alone sampled by the rounds (variant select) and its cutoffs by the sort (variant
+    sort, whose Gumbel pass comes on top); the penalties' copy (every row penalized)."""
     rows, vocab = [], LM_HEAD[1]
     for batch in batches:
         logits = [torch.randn(batch, vocab, device="cuda") * 3 for _ in range(4)]
@@ -162,7 +162,8 @@ def sampling_rows(batches: list[int]) -> list[dict]:
         parts = {
             "greedy_argmax": lambda x: greedy_max(x),
             "temperature_sample": lambda x: sample_raw(x, params, x.amax(dim=-1), no_writes),
-            "top_k_sample": lambda x: sample_top_k(x, params, no_writes, x, TOP_K_CAP),
+            "top_k_sample": lambda x: sample_selected(x, params, no_writes, x, TOP_K_CAP),
+            "top_p_sample": lambda x: sample_selected(x, top_p_alone, no_writes, x, TOP_K_CAP),
             "top_p_sort_cutoffs": lambda x: filter_cutoffs(x, top_p_alone, x.amax(dim=-1)),
             "penalties_copy": lambda x: apply_penalties(x, *penalty_state),
         }

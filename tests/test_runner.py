@@ -141,19 +141,23 @@ def test_a_batch_without_top_k_or_top_p_skips_the_sort(make_runtime, tiny_checkp
     )
     top_p = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.95, seed=2, ignore_eos=True)
     batch = lambda *params: [SimpleNamespace(params=p) for p in params]
-    assert runner._variant(batch(greedy, greedy)) == runner.GREEDY
-    assert runner._variant(batch(greedy, plain)) == runner.RANDOM
-    assert runner._variant(batch(plain, top_p, greedy)) == runner.FILTERED  # top-p alone: the sort
-    assert runner._variant(batch(replace(plain, top_k=3), plain)) == runner.TOP_K
-    assert runner._variant(batch(replace(top_p, top_k=runner.TOP_K_CAP))) == runner.TOP_K
-    assert runner._variant(batch(replace(top_p, top_k=runner.TOP_K_CAP + 1))) == runner.FILTERED
+    variant = lambda *params: runner._variant(batch(*params), "raw")
+    assert variant(greedy, greedy) == runner.GREEDY
+    assert variant(greedy, plain) == runner.RANDOM
+    assert variant(plain, top_p, greedy) == runner.SELECT
+    assert variant(replace(top_p, logprobs=1, logprobs_mode="processed")) == runner.SORT  # needs its cutoff
+    assert runner._variant(batch(replace(top_p, logprobs=1)), "processed") == runner.SORT
+    assert runner._variant(batch(top_p), "processed") == runner.SELECT  # no logprobs: nothing written
+    assert variant(replace(plain, top_k=3), plain) == runner.SELECT
+    assert variant(replace(top_p, top_k=runner.TOP_K_CAP, logprobs=1, logprobs_mode="processed")) == runner.SELECT
+    assert variant(replace(top_p, top_k=runner.TOP_K_CAP + 1)) == runner.SORT
     calls, cutoffs = [], runner.filter_cutoffs
     monkeypatch.setattr(runner, "filter_cutoffs", lambda *a: calls.append(a) or cutoffs(*a))
     prompts = [[5, 6, 7], [8, 9]]
     skipped = make_runtime(tiny_checkpoint).generate(prompts, [greedy, plain])
     assert calls == []
     # The sort changes nothing on such a batch: the same tokens and processed logprobs as the sorting variant.
-    monkeypatch.setattr(runner, "_variant", lambda reqs: runner.FILTERED)
+    monkeypatch.setattr(runner, "_variant", lambda reqs, mode: runner.SORT)
     sorted_ = make_runtime(tiny_checkpoint).generate(prompts, [greedy, plain])
     assert calls  # the sort
     assert [o.token_ids for o in skipped] == [o.token_ids for o in sorted_]
@@ -171,7 +175,7 @@ def test_top_k_rows_select_instead_of_sorting_with_the_same_results(make_runtime
     ] + [SamplingParams(max_tokens=6, temperature=0.8, seed=3, ignore_eos=True, logprobs=2)]  # fmt: skip
     prompts = [[5, 6, 7], [8, 9], [1, 2, 3, 4]]
     selected = make_runtime(tiny_checkpoint).generate(prompts, params)
-    monkeypatch.setattr(runner, "_variant", lambda reqs: runner.FILTERED)
+    monkeypatch.setattr(runner, "_variant", lambda reqs, mode: runner.SORT)
     sorted_ = make_runtime(tiny_checkpoint).generate(prompts, params)
     assert [o.token_ids for o in selected] == [o.token_ids for o in sorted_]
     assert [o.logprobs for o in selected] == [o.logprobs for o in sorted_]

@@ -140,6 +140,8 @@ def _chunk_kernel(
     cutoff_ptr,
     written_ptr,
     done_ptr,
+    noisy_rows_ptr,
+    noisy_ptr,
     chunk_max_ptr,
     chunk_id_ptr,
     vocab,
@@ -153,6 +155,7 @@ def _chunk_kernel(
     CUTOFF: tl.constexpr,
     LIBDEVICE: tl.constexpr,
     HAS_DONE: tl.constexpr,
+    NOISY: tl.constexpr,
     USE_PDL: tl.constexpr,
 ):
     if USE_PDL:
@@ -177,6 +180,9 @@ def _chunk_kernel(
                 processed = tl.where(kept, processed, float("-inf"))
             if tl.load(write_ptr + row) != 0:
                 tl.store(written_ptr + row * stride_written + ids, processed, mask=ids < vocab)
+            if NOISY:
+                if tl.load(noisy_rows_ptr + row) != 0:
+                    tl.store(noisy_ptr + row * vocab + ids, processed + noise, mask=ids < vocab)
     peak, first = largest_first(tl.where(is_random, processed + noise, x), ids, vocab)
     tl.store(chunk_max_ptr + row * num_chunks + chunk, peak)
     tl.store(chunk_id_ptr + row * num_chunks + chunk, first)
@@ -195,6 +201,7 @@ def gumbel_sample(
     write_to: torch.Tensor | None = None,
     done: torch.Tensor | None = None,
     tokens: torch.Tensor | None = None,
+    noisy: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Token ids [B] int64: argmax over each row of fp32 `processed` [B, V] plus the row's Gumbel noise, or
     of `processed` alone where temperature < greedy_below. Ties go to the lower id; a row holding a NaN
@@ -203,6 +210,8 @@ def gumbel_sample(
     values (`_processed`), -inf where the token's order key is below cutoff; rows with write_rows != 0 get those
     values written over their row of `write_to` (default: `processed` itself). `done` [B] bool: rows already
     sampled (ops/top_k_sample.py), skipped, their entries of `tokens` (the result, when given) left as they are.
+    `noisy` (rows [B] int, out [B, V] f32; with `transform`): random rows with rows != 0 get each token's
+    processed value plus its noise stored in `out` (ops/top_p_sample.py draws again among them).
     Allocates only by (B, V): capturable in a CUDA graph."""
     rows, vocab = processed.shape
     assert processed.dtype == torch.float32 and processed.stride(1) == 1 and noise_bits <= 23
@@ -213,6 +222,7 @@ def gumbel_sample(
         assert transform[0].dtype == transform[1].dtype == torch.float32
         assert transform[3] is None or transform[3].dtype == torch.int64
     write_to = processed if write_to is None else write_to
+    assert noisy is None or (transform is not None and noisy[1].shape == processed.shape and noisy[1].is_contiguous())
     assert write_to.shape == processed.shape and write_to.dtype == torch.float32 and write_to.stride(1) == 1
     num_chunks = triton.cdiv(vocab, CHUNK)
     chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=processed.device)
@@ -226,6 +236,7 @@ def gumbel_sample(
             *[temperature if t is None else t for t in transform or (None,) * 4],  # unread without TRANSFORM, CUTOFF
             write_to,
             temperature if done is None else done,  # unread without HAS_DONE
+            *(noisy or (temperature, temperature)),  # unread without NOISY
             chunk_max,
             chunk_id,
             vocab,
@@ -239,6 +250,7 @@ def gumbel_sample(
             CUTOFF=transform is not None and transform[3] is not None,
             LIBDEVICE=not TRITON_INTERPRET,
             HAS_DONE=done is not None,
+            NOISY=noisy is not None,
             num_warps=4,
             **pdl_launch(processed),
         )

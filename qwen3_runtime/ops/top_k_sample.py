@@ -1,4 +1,4 @@
-"""Sampling from each row's top-k candidates (sampler.sample_top_k): a random row asking for top-k (<= the
+"""Sampling from each row's top-k candidates (sampler.sample_selected): a random row asking for top-k (<= the
 variant's cap) can only sample among its k largest processed logits, so the Gumbel noise, the min-p floor and
 top-p are needed for those k tokens alone, not for the whole vocabulary.
 
@@ -14,7 +14,8 @@ holding a NaN: its first NaN's id, as torch.argmax).
 Each row also gets the order key of its last kept token (what sampler.filter_cutoffs computes by a sort) and
 `done`: whether its token is final. It is not for random rows without top-k, nor for rows whose processed
 logits must be written for their logprobs: the full Gumbel pass (gumbel_sample with `done`) samples those,
-the same token where it recomputes one.
+the same token where it recomputes one; the rows among them asking top-p alone are flagged for the rounds of
+ops/top_p_sample.py after it.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def _block_max_kernel(logits_ptr, block_max_ptr, vocab, stride_row, n_blocks,
 @triton.jit
 def _candidates_kernel(
     logits_ptr, block_max_ptr, scratch_ptr, temperature_ptr, top_k_ptr, top_p_ptr, min_p_ptr, seed_ptr,
-    position_ptr, write_ptr, peak_ptr, token_ptr, cutoff_ptr, done_ptr,
+    position_ptr, write_ptr, peak_ptr, token_ptr, cutoff_ptr, done_ptr, top_p_rows_ptr,
     vocab, stride_row, n_blocks, greedy_below,
     NOISE_BITS: tl.constexpr, BLOCK: tl.constexpr, GROUP: tl.constexpr, GROUPS_PAD: tl.constexpr,
     K_PAD: tl.constexpr, C: tl.constexpr, LIBDEVICE: tl.constexpr,
@@ -94,7 +95,10 @@ def _candidates_kernel(
             at_last = tl.arange(0, K_PAD) == last
             last_value = tl.max(tl.where(at_last, value, float("-inf")), axis=0)
             cutoff = order_key(last_value, tl.max(tl.where(at_last, ids, -1), axis=0), vocab)
-    done = ~is_random | ((top_k > 0) & (tl.load(write_ptr + row) == 0))
+    writes = tl.load(write_ptr + row) != 0
+    done = ~is_random | ((top_k > 0) & ~writes)
+    top_p_alone = is_random & (top_k <= 0) & (tl.load(top_p_ptr + row) < 1.0) & ~writes
+    tl.store(top_p_rows_ptr + row, (top_p_alone & (tl.abs(peak) < float("inf"))).to(tl.int8))
     tl.store(peak_ptr + row, peak)
     tl.store(token_ptr + row, token.to(tl.int64))
     tl.store(cutoff_ptr + row, cutoff)
@@ -113,10 +117,12 @@ def top_k_candidates(
     greedy_below: float,
     noise_bits: int,
     cap: int,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(peak [B] f32, token [B] int64, cutoff [B] int64, done [B] bool) per row of raw fp32 logits [B, V]
-    whose random rows ask 0 < top_k <= cap or no top-k at all (see the module's docstring). Allocates only by
-    (B, V, cap): capturable in a CUDA graph."""
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(peak [B] f32, token [B] int64, cutoff [B] int64, done [B] bool, top_p_rows [B] int8) per row of raw fp32
+    logits [B, V] whose random rows ask 0 < top_k <= cap or no top-k at all (see the module's docstring);
+    top_p_rows flags the random rows asking top-p alone whose processed logits are not written and whose peak is
+    finite, which ops/top_p_sample.py samples after the full pass. Allocates only by (B, V, cap): capturable in a
+    CUDA graph."""
     rows, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1 and cap >= 1
     n_blocks = cdiv(vocab, BLOCK)
@@ -129,6 +135,7 @@ def top_k_candidates(
     token = torch.empty(rows, dtype=torch.int64, device=device)
     cutoff = torch.empty(rows, dtype=torch.int64, device=device)
     done = torch.empty(rows, dtype=torch.int8, device=device)
+    top_p_rows = torch.empty(rows, dtype=torch.int8, device=device)
     if rows:
         _block_max_kernel[(cdiv(vocab, CHUNK), rows)](
             logits, block_max, vocab, logits.stride(0), n_blocks, BLOCK=BLOCK, BLOCKS_PER_CHUNK=CHUNK // BLOCK,
@@ -136,9 +143,9 @@ def top_k_candidates(
         )  # fmt: skip
         _candidates_kernel[(rows,)](
             logits, block_max, scratch, temperature, top_k, top_p, min_p, seed, position, write_rows, peak,
-            token, cutoff, done, vocab, logits.stride(0), n_blocks, greedy_below,
+            token, cutoff, done, top_p_rows, vocab, logits.stride(0), n_blocks, greedy_below,
             NOISE_BITS=noise_bits, BLOCK=BLOCK, GROUP=GROUP,
             GROUPS_PAD=triton.next_power_of_2(cdiv(n_blocks, GROUP)), K_PAD=k_pad, C=candidates,
             LIBDEVICE=not TRITON_INTERPRET, num_warps=16,
         )  # fmt: skip
-    return peak, token, cutoff, done.view(torch.bool)
+    return peak, token, cutoff, done.view(torch.bool), top_p_rows

@@ -21,7 +21,7 @@ from qwen3_runtime.sampler import (
     sample,
     sample_raw,
     sample_reference,
-    sample_top_k,
+    sample_selected,
 )
 
 VOCAB = 151_936
@@ -203,7 +203,7 @@ def test_matches_the_reference_on_gpu_at_qwen3_vocab(rows):
 
 @pytest.mark.parametrize(
     "vocab, filters",
-    [(v, f) for v in (100, 2 * CHUNK + 77) for f in ("none", "top_k", "top_p")] + [(VOCAB, "top_p")],  # Qwen3's
+    [(v, f) for v in (100, 2 * CHUNK + 77) for f in ("none", "select", "top_p")] + [(VOCAB, "top_p")],  # Qwen3's
 )
 def test_raw_logits_sample_as_their_processed_ones_and_flagged_rows_are_written(vocab, filters):
     _check_raw_sampling(vocab, filters, "cpu")
@@ -211,16 +211,17 @@ def test_raw_logits_sample_as_their_processed_ones_and_flagged_rows_are_written(
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("filters", ["top_k", "top_p"])
+@pytest.mark.parametrize("filters", ["select", "top_p"])
 def test_raw_logits_sample_as_their_processed_ones_on_gpu_at_qwen3_vocab(filters):
     _check_raw_sampling(VOCAB, filters, "cuda")
 
 
 def _check_raw_sampling(vocab: int, filters: str, device: str) -> None:
     """sample_raw (the kernel's scaling, min-p, top-k/top-p cutoff and noise in one pass; the cutoffs from
-    filter_cutoffs' sort), or sample_top_k for top-k rows, against sample(processed_logits(...)), the sort-based
-    reference: the same tokens, and the rows flagged for processed logprobs hold the reference's values bit for
-    bit. Rows: greedy, plain temperature, min-p, a huge peak (shifted), a -inf and a NaN row, a row of ties."""
+    filter_cutoffs' sort), or sample_selected for top-k rows and top-p alone, against sample(processed_logits(...)),
+    the sort-based reference: the same tokens, and the rows flagged for processed logprobs hold the reference's
+    values bit for bit. Rows: greedy, plain temperature, min-p, a huge peak (shifted), a -inf and a NaN row, a row
+    of ties."""
     gen = torch.Generator().manual_seed(vocab)
     logits = torch.randn(7, vocab, generator=gen) * 3
     logits[3, 5] = 3e38
@@ -230,12 +231,13 @@ def _check_raw_sampling(vocab: int, filters: str, device: str) -> None:
     params.temperature.copy_(torch.tensor([0.0, 1.0, 0.7, 1e-3, 1.3, 0.5, 2.0]))
     params.min_p.copy_(torch.tensor([0.0, 0.0, 0.1, 0.0, 0.05, 0.0, 0.0]))
     logits[6] = torch.randint(-2, 2, (vocab,), generator=gen).float()  # ties
-    if filters == "top_k":
-        params.top_k.copy_(torch.tensor([5, 1, 7, 3, 64, 10, 20]))
+    write_rows = torch.tensor([1, 0, 1, 1, 1, 0, 1])
+    if filters == "select":  # rows 3 and 5 ask top-p alone, so their processed logits are not written
+        params.top_k.copy_(torch.tensor([5, 1, 7, -1, 64, -1, 20]))
         params.top_p[2:].fill_(0.8)
+        write_rows[3] = 0
     elif filters == "top_p":
         params.top_p.copy_(torch.tensor([0.5, 0.9, 0.3, 0.95, 0.7, 1.0, 0.6]))
-    write_rows = torch.tensor([1, 0, 1, 1, 1, 0, 1])
     logits, write_rows = logits.to(device), write_rows.to(device)
     params = SamplingTensors(*(t.to(device) for t in vars(params).values()))
     peak = logits.amax(dim=-1)
@@ -243,8 +245,8 @@ def _check_raw_sampling(vocab: int, filters: str, device: str) -> None:
     expected = _check(processed, params)
 
     raw = logits.clone()
-    if filters == "top_k":  # the candidates' sampler, and the full pass for the rows it writes
-        tokens = sample_top_k(raw, params, write_rows, raw, cap=64)[1]
+    if filters == "select":  # the candidates, the full pass for the rows they write, the rounds for top-p alone
+        tokens = sample_selected(raw, params, write_rows, raw, cap=64)[1]
     else:
         tokens = sample_raw(
             raw, params, peak, write_rows, filter_cutoffs(raw, params, peak) if filters != "none" else None

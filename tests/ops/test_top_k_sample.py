@@ -47,7 +47,7 @@ def _check(vocab: int, device: str) -> None:
     n = logits.shape[0]
     temperature = torch.tensor([0.7, 1.0, 0.5, 1.3, 1e-3, 0.9, 0.8, 1.1, 0.0, 0.6, 0.7])  # row 8 greedy
     top_k = torch.tensor([20, 64, 1, 5, 33, 10, 64, 40, 7, -1, 5])  # row 9: no top-k (left to the full pass)
-    top_p = torch.tensor([0.8, 1.0, 0.5, 0.9, 0.3, 1.0, 0.95, 0.6, 0.8, 1.0, 0.9])
+    top_p = torch.tensor([0.8, 1.0, 0.5, 0.9, 0.3, 1.0, 0.95, 0.6, 0.8, 0.9, 0.9])  # row 9: top-p alone
     min_p = torch.tensor([0.0, 0.05, 0.0, 0.0, 0.0, 0.0, 0.2, 0.0, 0.0, 0.0, 0.0])
     write = torch.tensor([0, 0, 1, 0, 0, 0, 0, 1, 0, 0, 0])
     seed = torch.arange(n, dtype=torch.int64) * 7919 + vocab
@@ -56,10 +56,11 @@ def _check(vocab: int, device: str) -> None:
     logits, write = logits.to(device), write.to(device)
     poison = logits.clone()
 
-    peak, token, cutoff, done = top_k_candidates(
+    peak, token, cutoff, done, top_p_rows = top_k_candidates(
         logits, params.temperature, params.top_k, params.top_p, params.min_p, params.seed, params.position,
         write, GREEDY_BELOW, NOISE_BITS, CAP,
     )  # fmt: skip
+    assert top_p_rows.tolist() == [int(row == 9) for row in range(n)]  # left to ops/top_p_sample.py
     torch.testing.assert_close(logits, poison, rtol=0, atol=0, equal_nan=True)  # read only
     assert torch.equal(peak.isnan(), logits.isnan().any(-1))
     assert torch.equal(peak.nan_to_num(), logits.amax(-1).nan_to_num())
@@ -81,6 +82,7 @@ def _check(vocab: int, device: str) -> None:
     unfiltered = processed_logits(logits, params, logits.amax(-1), filtered=False)
     kept = unfiltered.masked_fill(order_keys_reference(unfiltered) < cutoff[:, None], float("-inf"))
     finite = ~greedy & ~nan_row & ~logits.isposinf().any(-1)  # (+inf and NaN rows fail by their status)
+    finite[9] = False  # top-p alone: its cutoff keeps everything, the rounds apply top-p
     # The cutoff may differ from the sort's where it lands among -inf tokens, which no draw picks.
     assert torch.equal(kept[finite].isfinite(), processed[finite].isfinite())
     assert cutoff[9] == -(2**63)
@@ -107,10 +109,11 @@ def test_candidates_at_vocabularies_smaller_than_the_cap(vocab):
     top_p = torch.tensor([1.0, 0.9, 1.0, 0.5, 1.0, 0.99])
     params = SamplingTensors(temperature, top_k, top_p, torch.arange(n) * 31 + 1, torch.full((n,), 3), torch.zeros(n))
     write = torch.zeros(n, dtype=torch.int32)
-    peak, token, cutoff, done = top_k_candidates(
+    peak, token, cutoff, done, top_p_rows = top_k_candidates(
         logits, params.temperature, params.top_k, params.top_p, params.min_p, params.seed, params.position,
         write, GREEDY_BELOW, NOISE_BITS, CAP,
     )  # fmt: skip
+    assert not top_p_rows.any()
     processed = processed_logits(logits, params, logits.amax(-1))
     assert done.all() and torch.equal(peak, logits.amax(-1))
     greedy = temperature < GREEDY_BELOW

@@ -1,0 +1,109 @@
+"""Top-p without a sort (sampler.sample_selected), for random rows asking top-p and no top-k: the kept tokens are a
+prefix of the stable descending order of the processed values, and the sampled token is the noisy argmax over that
+prefix. The full Gumbel pass has drawn each row's argmax over all its tokens (min-p applied) and stored every
+token's noisy value (processed + noise). Then, one program per row, rounds of one pass over the row: the mass
+ranked before the candidate says whether top-p keeps it (the mass before it, over the total, <= top_p, as
+ops/kept_prefix.py counts it); if not, the candidate becomes the noisy argmax among the tokens ranked before it.
+
+Why it is exact: a rejected candidate lies outside the kept prefix, so the tokens ranked before it still hold the
+whole prefix, and the argmax over a set holding the prefix, when it lies in the prefix, is the argmax over the
+prefix (ties to the lower id both ways). Each round drops at least the candidate, so it ends; a candidate is drawn
+in proportion to its probability, so most rows take one round.
+
+The masses are summed from float32 exponentials, whose rounding is far below MARGIN; a candidate whose fraction
+lies within MARGIN of top_p is decided again from float64 exponentials, as the sort's reference sums them.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from qwen3_runtime.ops import TRITON_INTERPRET
+from qwen3_runtime.ops.gumbel_sample import order_key, scaling_terms
+
+BLOCK = 2048
+MARGIN = 1e-4  # far above float32's rounding of the sums (a relative ~1e-5 at Qwen3's vocabulary)
+
+
+@triton.jit
+def _round(row_ptr, noisy_row_ptr, key, shift, temperature, floor, peak_value, vocab,
+           BLOCK: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
+    """One pass over a row: (mass ranked before order key `key`, the row's mass, the noisy argmax among the tokens
+    ranked before it), the masses relative to exp(peak_value), in float64 exponentials if EXACT."""
+    dtype = tl.float64 if EXACT else tl.float32
+    before = tl.zeros([BLOCK], dtype)
+    total = tl.zeros([BLOCK], dtype)
+    best = tl.full([], float("-inf"), tl.float32)
+    best_id = tl.zeros([], tl.int32) + vocab
+    for start in range(0, vocab, BLOCK):
+        ids = start + tl.arange(0, BLOCK)
+        x = tl.load(row_ptr + ids, mask=ids < vocab, other=float("-inf"))
+        value = tl.math.div_rn(x - shift, temperature)
+        value = tl.where(value < floor, float("-inf"), value)  # min-p; -inf past the vocabulary
+        e = tl.exp(value.to(dtype) - peak_value.to(dtype))
+        ahead = (order_key(value, ids, vocab) > key) & (ids < vocab)
+        total += e
+        before += tl.where(ahead, e, 0.0)
+        noisy = tl.load(noisy_row_ptr + ids, mask=ahead, other=float("-inf"))
+        block_best = tl.max(noisy, axis=0)
+        block_id = tl.min(tl.where(noisy == block_best, ids, vocab), axis=0)
+        better = block_best > best  # blocks in id order: a tie keeps the lower id
+        best_id = tl.where(better, block_id, best_id)
+        best = tl.maximum(block_best, best)
+    return tl.sum(before.to(tl.float64), axis=0), tl.sum(total.to(tl.float64), axis=0), best_id
+
+
+@triton.jit
+def _reject_kernel(
+    logits_ptr, noisy_ptr, pending_ptr, temperature_ptr, peak_ptr, min_p_ptr, top_p_ptr, token_ptr,
+    vocab, stride_row, margin, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr,
+):  # fmt: skip
+    row = tl.program_id(0).to(tl.int64)
+    if tl.load(pending_ptr + row) == 0:
+        return
+    row_ptr = logits_ptr + row * stride_row
+    noisy_row_ptr = noisy_ptr + row * vocab
+    temperature = tl.load(temperature_ptr + row)
+    shift, floor = scaling_terms(tl.load(peak_ptr + row), temperature, tl.load(min_p_ptr + row), LIBDEVICE)
+    peak_value = tl.math.div_rn(tl.load(peak_ptr + row) - shift, temperature)  # the largest processed value
+    top_p = tl.load(top_p_ptr + row).to(tl.float64)
+    token = tl.load(token_ptr + row).to(tl.int32)
+    kept = tl.zeros([], tl.int1)
+    while not kept:
+        key = order_key(tl.math.div_rn(tl.load(row_ptr + token) - shift, temperature), token, vocab)
+        before, total, ahead = _round(row_ptr, noisy_row_ptr, key, shift, temperature, floor, peak_value, vocab,
+                                      BLOCK, False)  # fmt: skip
+        if tl.abs(before / total - top_p) <= margin:
+            before, total, ahead = _round(row_ptr, noisy_row_ptr, key, shift, temperature, floor, peak_value,
+                                          vocab, BLOCK, True)  # fmt: skip
+        kept = before / total <= top_p
+        if not kept:
+            token = ahead
+    tl.store(token_ptr + row, token.to(tl.int64))
+
+
+def top_p_reject(
+    logits: torch.Tensor,
+    noisy: torch.Tensor,
+    pending: torch.Tensor,
+    temperature: torch.Tensor,
+    peak: torch.Tensor,
+    min_p: torch.Tensor,
+    top_p: torch.Tensor,
+    token: torch.Tensor,
+    margin: float = MARGIN,
+) -> None:
+    """In place on `token` [B] int64 (each row's noisy argmax over all its tokens, min-p applied): rows with
+    pending != 0 [B] get the noisy argmax over what top_p [B] f32 keeps (see the module's docstring). raw fp32
+    logits [B, V], their processed values + noise `noisy` [B, V] (-inf below min-p), each row's largest logit
+    `peak` [B] (finite on pending rows). No allocation: capturable in a CUDA graph."""
+    rows, vocab = logits.shape
+    assert logits.dtype == noisy.dtype == torch.float32 and logits.stride(1) == 1 and noisy.is_contiguous()
+    assert noisy.shape == logits.shape and token.dtype == torch.int64
+    if rows:
+        _reject_kernel[(rows,)](
+            logits, noisy, pending, temperature, peak, min_p, top_p, token, vocab, logits.stride(0), margin,
+            BLOCK=BLOCK, LIBDEVICE=not TRITON_INTERPRET, num_warps=8,
+        )  # fmt: skip
