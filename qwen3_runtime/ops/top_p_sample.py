@@ -21,38 +21,41 @@ import triton
 import triton.language as tl
 
 from qwen3_runtime.ops import TRITON_INTERPRET
-from qwen3_runtime.ops.gumbel_sample import order_key, scaling_terms
+from qwen3_runtime.ops.gumbel_sample import scaling_terms
 
-BLOCK = 2048
+BLOCK = 4096
+NUM_WARPS = 16
 MARGIN = 1e-4  # far above float32's rounding of the sums (a relative ~1e-5 at Qwen3's vocabulary)
 
 
 @triton.jit
-def _round(row_ptr, noisy_row_ptr, key, shift, temperature, floor, peak_value, vocab,
+def _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor, peak_value, vocab,
            BLOCK: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
-    """One pass over a row: (mass ranked before order key `key`, the row's mass, the noisy argmax among the tokens
-    ranked before it), the masses relative to exp(peak_value), in float64 exponentials if EXACT."""
+    """One pass over a row: (the mass ranked before token `token` of processed value `value_c`, the row's mass,
+    the noisy argmax among the tokens ranked before it), the masses relative to exp(peak_value), in float64
+    exponentials if EXACT. Lane-wise accumulators: no reduction across the program until the end."""
     dtype = tl.float64 if EXACT else tl.float32
     before = tl.zeros([BLOCK], dtype)
     total = tl.zeros([BLOCK], dtype)
-    best = tl.full([], float("-inf"), tl.float32)
-    best_id = tl.zeros([], tl.int32) + vocab
+    best = tl.full([BLOCK], float("-inf"), tl.float32)
+    best_id = tl.full([BLOCK], 0, tl.int32) + vocab
     for start in range(0, vocab, BLOCK):
         ids = start + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + ids, mask=ids < vocab, other=float("-inf"))
+        noisy = tl.load(noisy_row_ptr + ids, mask=ids < vocab, other=float("-inf"))
         value = tl.math.div_rn(x - shift, temperature)
         value = tl.where(value < floor, float("-inf"), value)  # min-p; -inf past the vocabulary
         e = tl.exp(value.to(dtype) - peak_value.to(dtype))
-        ahead = (order_key(value, ids, vocab) > key) & (ids < vocab)
+        # The stable descending order (order_key's): -0.0 equals 0.0 here as there.
+        ahead = (value > value_c) | ((value == value_c) & (ids < token))
         total += e
         before += tl.where(ahead, e, 0.0)
-        noisy = tl.load(noisy_row_ptr + ids, mask=ahead, other=float("-inf"))
-        block_best = tl.max(noisy, axis=0)
-        block_id = tl.min(tl.where(noisy == block_best, ids, vocab), axis=0)
-        better = block_best > best  # blocks in id order: a tie keeps the lower id
-        best_id = tl.where(better, block_id, best_id)
-        best = tl.maximum(block_best, best)
-    return tl.sum(before.to(tl.float64), axis=0), tl.sum(total.to(tl.float64), axis=0), best_id
+        better = ahead & (noisy > best)  # a lane's ids rise from block to block: a tie keeps the lower one
+        best = tl.where(better, noisy, best)
+        best_id = tl.where(better, ids, best_id)
+    largest = tl.max(best, axis=0)
+    ahead_argmax = tl.min(tl.where(best == largest, best_id, vocab), axis=0)
+    return tl.sum(before.to(tl.float64), axis=0), tl.sum(total.to(tl.float64), axis=0), ahead_argmax
 
 
 @triton.jit
@@ -72,12 +75,12 @@ def _reject_kernel(
     token = tl.load(token_ptr + row).to(tl.int32)
     kept = tl.zeros([], tl.int1)
     while not kept:
-        key = order_key(tl.math.div_rn(tl.load(row_ptr + token) - shift, temperature), token, vocab)
-        before, total, ahead = _round(row_ptr, noisy_row_ptr, key, shift, temperature, floor, peak_value, vocab,
-                                      BLOCK, False)  # fmt: skip
+        value_c = tl.math.div_rn(tl.load(row_ptr + token) - shift, temperature)
+        before, total, ahead = _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor,
+                                      peak_value, vocab, BLOCK, False)  # fmt: skip
         if tl.abs(before / total - top_p) <= margin:
-            before, total, ahead = _round(row_ptr, noisy_row_ptr, key, shift, temperature, floor, peak_value,
-                                          vocab, BLOCK, True)  # fmt: skip
+            before, total, ahead = _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor,
+                                          peak_value, vocab, BLOCK, True)  # fmt: skip
         kept = before / total <= top_p
         if not kept:
             token = ahead
@@ -105,5 +108,5 @@ def top_p_reject(
     if rows:
         _reject_kernel[(rows,)](
             logits, noisy, pending, temperature, peak, min_p, top_p, token, vocab, logits.stride(0), margin,
-            BLOCK=BLOCK, LIBDEVICE=not TRITON_INTERPRET, num_warps=8,
+            BLOCK=BLOCK, LIBDEVICE=not TRITON_INTERPRET, num_warps=NUM_WARPS,
         )  # fmt: skip
