@@ -3,11 +3,12 @@ measured before the KV cache is sized, so that the cache leaves room for it (vLL
 
 Two steps run eagerly on a scratch KV cache of one full-length sequence's blocks: a prefill of every token the
 step budget allows (prompts of up to max_model_len - 1 tokens, the rest of max_num_seqs as one-token rows),
-every prompt asking the largest prompt logprobs and every row the largest logprobs, with top-p alone and
-penalties (the sort of the order keys, the penalties' pass and the prompt-logprobs chunk of logits); then a
-decode step of max_num_seqs such rows. Their peaks bound what is held later: the decode graphs' pool (one decode
-step's temporaries), the prefill graphs' pool and an eager prefill's temporaries (at most one full prefill each).
-What a graph returns is held once per graph, so the decode step returns its static logits buffer."""
+every prompt asking the largest prompt logprobs and every row the largest processed logprobs, with top-p alone
+and penalties (the sort of the processed values, which those rows' logprobs need, the penalties' pass and the
+prompt-logprobs chunk of logits); then a decode step of max_num_seqs such rows. Their peaks bound what is held
+later: the decode graphs' pool (one decode step's temporaries), the prefill graphs' pool and an eager prefill's
+temporaries (at most one full prefill each). What a graph returns is held once per graph, so the decode step
+returns its static logits buffer."""
 
 from __future__ import annotations
 
@@ -35,8 +36,8 @@ def worst_step_bytes(runner: ModelRunner, config: Config, dtype: torch.dtype) ->
     # The host path scores prompt rows on the CPU, far too slowly for a profile: its chunk of logits is counted.
     on_host = runner.routing.on_host(k)
     params = SamplingParams(
-        max_tokens=1, temperature=0.7, top_p=0.8, logprobs=k, prompt_logprobs=None if on_host else k,
-        repetition_penalty=1.1,
+        max_tokens=1, temperature=0.7, top_p=0.8, logprobs=k, logprobs_mode="processed",
+        prompt_logprobs=None if on_host else k, repetition_penalty=1.1,
     )  # fmt: skip
     table = list(range(num_blocks))
     prompts, budget = [], engine.max_num_batched_tokens

@@ -9,7 +9,10 @@ import torch
 from qwen3_runtime import Runtime, SamplingParams
 from qwen3_runtime.memory_profile import worst_step_bytes
 
-WORST = dict(temperature=0.7, top_p=0.8, repetition_penalty=1.1, logprobs=20, ignore_eos=True)  # top-p alone: the sort
+# Top-p alone asking processed logprobs: the variant that sorts.
+WORST = dict(
+    temperature=0.7, top_p=0.8, repetition_penalty=1.1, logprobs=20, logprobs_mode="processed", ignore_eos=True
+)
 
 
 @pytest.mark.parametrize("path", ["device", "host"])
@@ -29,8 +32,8 @@ def test_the_profile_steps_run_and_leave_the_runner_as_it_was(make_runtime, tiny
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_the_worst_allowed_shapes_fit_after_the_kv_cache_took_its_share():
     """A KV cache capped by memory (the default 256 sequences of 32k tokens would need ~960 GB), with the decode
-    graphs captured for 256 rows after it, then every row asking logprobs 20 with top-p (the sort) and a penalty,
-    beside a full-budget prompt asking prompt logprobs 20."""
+    graphs captured for 256 rows after it, then every row asking processed logprobs 20 with top-p (the sort) and a
+    penalty, beside a full-budget prompt asking prompt logprobs 20."""
     rt = Runtime.from_yaml(
         "qwen3-0.6b", overrides={"engine.max_model_len": 32768, "engine.gpu_memory_utilization": 0.97}
     )
