@@ -12,22 +12,22 @@ from qwen3_runtime.logprobs import token_logprob_from_row
 from qwen3_runtime.packing import packed_width
 from scripts.profiling import profile_steps
 
+# Joining one per step (_run_joining), the five decode together (padded to 8), then three (to 4), then one: few
+# tokens each, as every step runs the Triton kernels in the interpreter in the triton case.
 MIXED = [
-    ([5, 17, 300, 2], SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=5)),
-    (list(range(40, 71)), SamplingParams(max_tokens=9, temperature=0, ignore_eos=True)),
+    ([5, 17, 300, 2], SamplingParams(max_tokens=7, temperature=0, ignore_eos=True, logprobs=5)),
+    (list(range(40, 71)), SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)),
     (
         [7] * 13,
-        SamplingParams(
-            max_tokens=10, temperature=0.8, top_k=40, seed=3, ignore_eos=True, logprobs=0, prompt_logprobs=3
-        ),
+        SamplingParams(max_tokens=5, temperature=0.8, top_k=40, seed=3, ignore_eos=True, logprobs=0, prompt_logprobs=3),
     ),
     (
         [9, 9, 1],
         SamplingParams(
-            max_tokens=7, temperature=1.0, top_p=0.9, seed=4, ignore_eos=True, logprobs=20, logprobs_mode="processed"
+            max_tokens=3, temperature=1.0, top_p=0.9, seed=4, ignore_eos=True, logprobs=20, logprobs_mode="processed"
         ),
     ),
-    ([100, 200], SamplingParams(max_tokens=11, temperature=0, ignore_eos=True, logprobs=1, prompt_logprobs=0)),
+    ([100, 200], SamplingParams(max_tokens=4, temperature=0, ignore_eos=True, logprobs=1, prompt_logprobs=0)),
 ]
 
 
