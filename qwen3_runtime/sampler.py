@@ -121,7 +121,7 @@ def filter_cutoffs(logits: torch.Tensor, params: SamplingTensors, peak: torch.Te
     top, ids = values.sort(dim=-1, descending=True, stable=True)
     kept = kept_prefix(top, params.top_k, params.top_p)
     place = (kept - 1).clamp_min(0)[:, None]
-    last_kept = _order_key(top.gather(-1, place)[:, 0], ids.gather(-1, place)[:, 0], values.shape[-1])
+    last_kept = _order_key(top.gather(-1, place)[:, 0], ids.gather(-1, place)[:, 0])
     cutoff = torch.where(kept > 0, last_kept, torch.iinfo(torch.int64).max)
     return torch.where((params.top_k > 0) | (params.top_p < 1), cutoff, torch.iinfo(torch.int64).min)
 
@@ -131,13 +131,13 @@ def order_keys_reference(values: torch.Tensor) -> torch.Tensor:
     value's order-preserving bits (negatives' magnitudes flipped; -0.0 taken as 0.0, which the sort takes as
     equal) over the complemented token id."""
     token = torch.arange(values.shape[-1], device=values.device, dtype=torch.int64)
-    return _order_key(values, token, values.shape[-1])
+    return _order_key(values, token)
 
 
-def _order_key(values: torch.Tensor, token: torch.Tensor, vocab: int) -> torch.Tensor:
+def _order_key(values: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
     bits = (values + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0
     ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # as int32, in the floats' order
-    return (ordered.long() << 32) | (vocab - 1 - token)
+    return (ordered.long() << 32) | (0x7FFFFFFF - token)  # as logprobs/kernels.order_key
 
 
 def _scaling(params: SamplingTensors, peak: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

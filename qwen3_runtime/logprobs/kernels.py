@@ -41,8 +41,9 @@ LOG2E = tl.constexpr(1.4426950408889634)
 
 
 @triton.jit
-def _order_key(x, ids):
-    """Unique int64 key: larger means larger value, then lower id (-0.0 ties +0.0)."""
+def order_key(x, ids):
+    """Unique int64 key: larger means larger value, then lower id (-0.0 ties +0.0); the sampler's cutoffs are
+    such keys too (sampler.order_keys_reference)."""
     x = tl.where(x == 0.0, 0.0, x)
     bits = x.to(tl.int32, bitcast=True)
     ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)
@@ -161,7 +162,7 @@ def top_k_sorted(block_max, blk, real, row_ptr, scratch_ptr, k, vocab, shift, te
         top_blk = tl.max(tl.where(rank[None, :] == pos[:, None], cid[None, :], -1), axis=1)
         t2 = tl.min(tl.where(rank < k, cv, float("inf")), axis=0)
     else:
-        keys = tl.where(real, _order_key(block_max, blk), KEY_NONE)
+        keys = tl.where(real, order_key(block_max, blk), KEY_NONE)
         top_keys = _top_by_rounds(tl.reshape(keys, [GROUPS_PAD * GROUP]), k, K_PAD)
         top_blk = tl.where(top_keys != KEY_NONE, _key_id(top_keys), -1)
         t2 = tl.min(tl.where(top_keys != KEY_NONE, _key_value(top_keys), float("inf")), axis=0)
@@ -183,7 +184,7 @@ def top_k_sorted(block_max, blk, real, row_ptr, scratch_ptr, k, vocab, shift, te
         top_v = tl.max(tl.where(at, cv[None, :], float("-inf")), axis=1)
         top_id = tl.max(tl.where(at, cid[None, :], -1), axis=1)
     else:
-        keys = tl.where(present, _order_key(x, ids), KEY_NONE)
+        keys = tl.where(present, order_key(x, ids), KEY_NONE)
         top_keys = _top_by_rounds(tl.reshape(keys, [K_PAD * BLOCK]), k, K_PAD)
         found = (pos < k) & (top_keys != KEY_NONE)
         top_v = tl.where(found, _key_value(top_keys), float("-inf"))

@@ -26,6 +26,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
+from qwen3_runtime.logprobs.kernels import order_key
 from qwen3_runtime.ops import TRITON_INTERPRET, greedy, pdl_launch
 from qwen3_runtime.ops.greedy import largest_first
 
@@ -66,15 +67,6 @@ def gumbel_from_bits(k, NOISE_BITS: tl.constexpr, LIBDEVICE: tl.constexpr):
         return -libdevice.log(-libdevice.log1p(u_minus_1))
     else:  # the interpreter has no libdevice; 1 + (u - 1) = u exactly, and numpy's log is accurate near 1
         return -tl.log(-tl.log(1.0 + u_minus_1))
-
-
-@triton.jit
-def order_key(value, ids, vocab):
-    """sampler.order_keys_reference: int64 keys in the stable descending order of (value, then lower id): the
-    value's bits made order-preserving (negatives' magnitudes flipped; -0.0 as 0.0) over the complemented id."""
-    bits = tl.where(value == 0.0, 0, value.to(tl.int32, bitcast=True))
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)
-    return (ordered.to(tl.int64) << 32) | (vocab - 1 - ids).to(tl.int64)
 
 
 @triton.jit
@@ -176,7 +168,7 @@ def _chunk_kernel(
         if is_random:
             processed = _processed(x, row, temperature, peak_ptr, min_p_ptr, LIBDEVICE)
             if CUTOFF:
-                kept = order_key(processed, ids, vocab) >= tl.load(cutoff_ptr + row)
+                kept = order_key(processed, ids) >= tl.load(cutoff_ptr + row)
                 processed = tl.where(kept, processed, float("-inf"))
             if tl.load(write_ptr + row) != 0:
                 tl.store(written_ptr + row * stride_written + ids, processed, mask=ids < vocab)

@@ -24,10 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from qwen3_runtime.logprobs.kernels import top_k_sorted
+from qwen3_runtime.logprobs.kernels import order_key, top_k_sorted
 from qwen3_runtime.ops import TRITON_INTERPRET, cdiv
 from qwen3_runtime.ops.greedy import largest_first
-from qwen3_runtime.ops.gumbel_sample import gumbel_from_bits, order_key, row_key, scaling_terms, token_bits
+from qwen3_runtime.ops.gumbel_sample import gumbel_from_bits, row_key, scaling_terms, token_bits
 
 CHUNK, BLOCK, GROUP = 4096, 128, 32
 KEY_MIN = tl.constexpr(-(2**63))  # the cutoff that keeps every token (rows without top-k)
@@ -94,7 +94,7 @@ def _candidates_kernel(
             last = tl.sum(kept.to(tl.int32), axis=0) - 1
             at_last = tl.arange(0, K_PAD) == last
             last_value = tl.max(tl.where(at_last, value, float("-inf")), axis=0)
-            cutoff = order_key(last_value, tl.max(tl.where(at_last, ids, -1), axis=0), vocab)
+            cutoff = order_key(last_value, tl.max(tl.where(at_last, ids, -1), axis=0))
     writes = tl.load(write_ptr + row) != 0
     done = ~is_random | ((top_k > 0) & ~writes)
     top_p_alone = is_random & (top_k <= 0) & (tl.load(top_p_ptr + row) < 1.0) & ~writes

@@ -46,7 +46,7 @@ def _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor, pe
         value = tl.math.div_rn(x - shift, temperature)
         value = tl.where(value < floor, float("-inf"), value)  # min-p; -inf past the vocabulary
         e = tl.exp(value.to(dtype) - peak_value.to(dtype))
-        # The stable descending order (order_key's): -0.0 equals 0.0 here as there.
+        # The stable descending order (logprobs/kernels.order_key's): -0.0 equals 0.0 here as there.
         ahead = (value > value_c) | ((value == value_c) & (ids < token))
         total += e
         before += tl.where(ahead, e, 0.0)
