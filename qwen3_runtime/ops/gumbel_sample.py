@@ -85,6 +85,13 @@ def _processed(x, row, temperature, peak_ptr, min_p_ptr, LIBDEVICE: tl.constexpr
     from its peak and min-p rather than by a dozen [B] kernels per step: (x - shift) / temperature, -inf below
     the min-p floor. The values are bit-identical to the reference's."""
     shift, floor = scaling_terms(tl.load(peak_ptr + row), temperature, tl.load(min_p_ptr + row), LIBDEVICE)
+    return processed_value(x, shift, temperature, floor)
+
+
+@triton.jit
+def processed_value(x, shift, temperature, floor):
+    """Raw logits x of a random row as processed, from its terms (scaling_terms): (x - shift) / temperature in
+    IEEE division, -inf below the min-p floor."""
     processed = tl.math.div_rn(x - shift, temperature)
     return tl.where(processed < floor, float("-inf"), processed)
 

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from qwen3_runtime.ops import TRITON_INTERPRET
-from qwen3_runtime.ops.gumbel_sample import scaling_terms
+from qwen3_runtime.ops.gumbel_sample import processed_value, scaling_terms
 
 BLOCK = 4096
 NUM_WARPS = 16
@@ -43,8 +43,7 @@ def _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor, pe
         ids = start + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + ids, mask=ids < vocab, other=float("-inf"))
         noisy = tl.load(noisy_row_ptr + ids, mask=ids < vocab, other=float("-inf"))
-        value = tl.math.div_rn(x - shift, temperature)
-        value = tl.where(value < floor, float("-inf"), value)  # min-p; -inf past the vocabulary
+        value = processed_value(x, shift, temperature, floor)  # -inf past the vocabulary
         e = tl.exp(value.to(dtype) - peak_value.to(dtype))
         # The stable descending order (logprobs/kernels.order_key's): -0.0 equals 0.0 here as there.
         ahead = (value > value_c) | ((value == value_c) & (ids < token))
@@ -75,7 +74,7 @@ def _reject_kernel(
     token = tl.load(token_ptr + row).to(tl.int32)
     kept = tl.zeros([], tl.int1)
     while not kept:
-        value_c = tl.math.div_rn(tl.load(row_ptr + token) - shift, temperature)
+        value_c = processed_value(tl.load(row_ptr + token), shift, temperature, floor)
         before, total, ahead = _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor,
                                       peak_value, vocab, BLOCK, False)  # fmt: skip
         if tl.abs(before / total - top_p) <= margin:
