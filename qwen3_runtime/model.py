@@ -16,7 +16,7 @@ from qwen3_runtime.ops.invariant_linear import invariant_linear
 from qwen3_runtime.ops.linear import linear, linear_partials, mlp_partials
 from qwen3_runtime.ops.linear_preload import preload_applies, preloaded_partials
 from qwen3_runtime.ops.norms import add_rms_norm
-from qwen3_runtime.ops.prefill_attention import PrefillPlan, paged_prefill_attention
+from qwen3_runtime.ops.prefill_attention import PrefillPlan, attend_prefill
 
 
 @dataclass
@@ -91,7 +91,7 @@ class Attention(nn.Module):
         # qkv lets the attention inputs launch as it starts (their one-warp programs fit beside it), so they
         # read their staged inputs, and attention (and o_proj's preload) launches, while qkv streams.
         qkv = linear(x, self.qkv_proj.weight, decode, dependents_early=True, invariant=invariant)
-        q, _, _ = attention_inputs(
+        q, k, v = attention_inputs(
             qkv,
             self.num_heads,
             self.num_kv_heads,
@@ -107,7 +107,7 @@ class Attention(nn.Module):
         )
         preload = decode and preload_applies(x.shape[0], self.o_proj.weight)
         if meta.is_prefill:
-            out = paged_prefill_attention(q, k_cache, v_cache, meta.prefill, self.scale)
+            out = attend_prefill(q, k, v, k_cache, v_cache, meta.prefill, self.scale, invariant)
         else:
             out = paged_decode_attention(
                 q,

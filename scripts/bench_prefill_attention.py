@@ -2,7 +2,9 @@
 heads over 8 KV heads, head_dim 128, bf16, block 16, shuffled blocks): median µs (triton.testing.do_bench)
 against the causal FLOPs floor at the bf16 matmul rate measured in the same run (a large cuBLAS GEMM), and
 against PyTorch's flash SDPA on contiguous K/V of the same shapes (bottom-right causal, native GQA). Each
-tile configuration in --configs is timed; the first is the module's default.
+tile configuration in --configs is timed; the first is the module's default. Shapes of one whole prompt also
+time `attend_prefill`, which sends them to cuDNN, and its first call at a new length (cuDNN builds a plan per
+shape).
 
 Usage: python -m scripts.bench_prefill_attention --out DIR
 """
@@ -18,9 +20,9 @@ import torch
 import triton
 
 from qwen3_runtime.ops import prefill_attention
-from qwen3_runtime.ops.prefill_attention import PrefillPlan, paged_prefill_attention
+from qwen3_runtime.ops.prefill_attention import PrefillPlan, attend_prefill, paged_prefill_attention
 from scripts.report import environment
-from scripts.timing import matmul_rate
+from scripts.timing import matmul_rate, synchronize
 
 HEADS, KV_HEADS, DIM, BLOCK = 32, 8, 128, 16
 # (name, [(cached prefix, new tokens)] per sequence)
@@ -28,6 +30,7 @@ SHAPES = [
     ("1x4096", [(0, 4096)]),
     ("8x1024", [(0, 1024)] * 8),
     ("1x8000", [(0, 8000)]),
+    ("1x8001", [(0, 8001)]),
     ("1x512 after 3584", [(3584, 512)]),
 ]
 DEFAULT = (
@@ -86,6 +89,22 @@ def bench_shape(name: str, seqs: list[tuple[int, int]], configs: list[tuple[int,
     print(
         f"{name:18s} floor {floor_us:8.1f} us   SDPA flash {flash_us:8.1f} us ({floor_us / flash_us:.0%})", flush=True
     )
+    if len(seqs) == 1 and seqs[0][0] == 0:  # one whole prompt: attend_prefill's cuDNN path
+        plan = PrefillPlan.build(query_lens, seq_lens, tables, q.device, group_size=HEADS // KV_HEADS)
+        k_new, v_new = k[0], v[0]
+        run = lambda: attend_prefill(q, k_new, v_new, k_cache, v_cache, plan, DIM**-0.5)
+        synchronize(q.device)
+        start = time.perf_counter()
+        out = run()
+        synchronize(q.device)
+        row["cudnn_first_call_us"] = (time.perf_counter() - start) * 1e6
+        row["cudnn_us"] = triton.testing.do_bench(run, return_mode="median") * 1e3
+        row["cudnn_rel_err_vs_sdpa"] = ((out.float() - flash_out.float()).norm() / flash_out.float().norm()).item()
+        print(
+            f"{'':18s} attend_prefill (cuDNN): {row['cudnn_us']:8.1f} us ({floor_us / row['cudnn_us']:.0%} of floor; "
+            f"first call {row['cudnn_first_call_us']:.0f} us; rel err {row['cudnn_rel_err_vs_sdpa']:.1e})",
+            flush=True,
+        )
     row["configs"] = []
     for block_m, block_n, warps, stages in configs:
         prefill_attention.BLOCK_N, prefill_attention.NUM_WARPS, prefill_attention.NUM_STAGES = block_n, warps, stages

@@ -14,11 +14,18 @@ tiles in two loops: the keys every row of the tile sees, unmasked, then the tile
 causally masked, up to the tile's last query and no further. The tile table is built on the host with
 the other per-forward tensors (PrefillPlan), heaviest tiles first so the longest programs start first;
 every layer reuses it, and the kernel never waits for the host. Tiles of sequence -1 pad a CUDA graph's grid.
+
+`attend_prefill` sends one long whole prompt (no cached prefix, CUDNN_MIN_TOKENS new tokens or more) to
+cuDNN's fused attention over the prompt's own K/V instead: a long prompt's attention is where that kernel's
+Hopper pipeline (asynchronous loads overlapping both products and the softmax) gains most over this one
+(scripts/bench_prefill_attention.py). Its bits differ from this kernel's, so batch-invariant mode keeps this one.
 """
 
 from __future__ import annotations
 
 import math
+import os
+import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,6 +33,7 @@ import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from qwen3_runtime.ops import cdiv, use_triton
 
@@ -39,6 +47,15 @@ BLOCK_N = 64
 # Four warps hold the 64 x 128 fp32 output; three stages keep two K/V tiles in flight while one is multiplied.
 NUM_WARPS = 4
 NUM_STAGES = 3
+# From this many new tokens of one whole prompt on, attend_prefill takes cuDNN. Below, this kernel is within
+# about 15% of it, and the prompts of the default CUDA-graph buckets (prefill_graph_max_tokens) then take the
+# same kernel whether their step is captured (cuDNN is not) or eager: the same bits either way.
+CUDNN_MIN_TOKENS = 2049
+# cuDNN builds an execution plan per sequence length (tens of ms, at each new length); its ragged path, for
+# q, k, v and the output in [tokens, heads, D] layout, serves every length from one plan. PyTorch calls that
+# path experimental: tests/ops/test_prefill_attention.py checks it against the reference.
+os.environ.setdefault("TORCH_CUDNN_SDPA_AVOID_RECOMPILE", "1")
+warnings.filterwarnings("ignore", message="TORCH_CUDNN_SDPA_AVOID_RECOMPILE=1 is currently experimental")
 
 
 def tile_tokens(group_size: int, block_m: int = BLOCK_M) -> int:
@@ -210,6 +227,33 @@ def _attend_tile(q, k_base, v_base, block_table, keys, position, kv_end, d_mask,
     running_sum = running_sum * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return new_max, running_sum, acc
+
+
+def attend_prefill(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: PrefillPlan,
+    scale: float,
+    invariant: bool = False,
+) -> torch.Tensor:
+    """The attention of a prefill forward: q [T, Hq, D] and the new tokens' own k, v [T, KVH, D] (already in
+    the caches). One long whole prompt outside a CUDA graph goes to cuDNN over k, v; the rest to the paged kernel.
+    invariant: always the paged kernel (engine.batch_invariant)."""
+    whole_prompt = plan.host_query_lens == plan.host_seq_lens and len(plan.host_seq_lens) == 1
+    long_prompt = whole_prompt and q.shape[0] >= CUDNN_MIN_TOKENS
+    if long_prompt and not invariant and q.is_cuda and not torch.cuda.is_current_stream_capturing():
+        # [1, heads, T, D] views of [T, heads, D] tensors (v is a view of the qkv rows: copied, small)
+        heads_first = [t.contiguous().unsqueeze(0).transpose(1, 2) for t in (q, k, v)]
+        if torch.backends.cuda.can_use_cudnn_attention(
+            torch.backends.cuda.SDPAParams(*heads_first, None, 0.0, True, True)
+        ):
+            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                out = F.scaled_dot_product_attention(*heads_first, is_causal=True, scale=scale, enable_gqa=True)
+            return out[0].transpose(0, 1)
+    return paged_prefill_attention(q, k_cache, v_cache, plan, scale)
 
 
 def paged_prefill_attention(

@@ -1,12 +1,19 @@
 """Paged prefill attention (Triton in the interpreter on the CPU) against its fp32 reference, the reference
 against naive float64 attention over the unpaged K/V, and the CPU path (SDPA) against the reference."""
 
+import warnings
+
 import pytest
 import torch
 
 from qwen3_runtime import ops
 from qwen3_runtime.ops import prefill_attention
-from qwen3_runtime.ops.prefill_attention import PrefillPlan, paged_prefill_attention, paged_prefill_attention_reference
+from qwen3_runtime.ops.prefill_attention import (
+    PrefillPlan,
+    attend_prefill,
+    paged_prefill_attention,
+    paged_prefill_attention_reference,
+)
 from tests.ops.conftest import PagedCache
 
 # (cached prefix, new tokens): whole prompts, single tokens, chunks starting mid-block (prefix 1, 17, 30,
@@ -215,3 +222,43 @@ def test_kernel_matches_reference_on_gpu_bf16():
     expected = paged_prefill_attention_reference(q, paged.k_cache, paged.v_cache, plan, 128**-0.5).float()
     assert not out.isnan().any()
     assert ((out.float() - expected).norm() / expected.norm()).item() < 1e-2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("invariant", [False, True])
+def test_long_whole_prompt_goes_to_cudnn_on_gpu(monkeypatch, invariant):
+    """One long whole prompt at Qwen3-4B's attention shape, q, k and v as views of one qkv row as the model passes
+    them: cuDNN's attention over k, v matches the reference (through its one plan for every length), and the
+    paged kernel is not called; batch-invariant mode calls it."""
+    generator = torch.Generator().manual_seed(0)
+    paged = PagedSequences([(0, 3000)], 16, 8, 128, generator, dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(3000, 32, 128, generator=generator).bfloat16().cuda()
+    qkv = torch.cat([q.flatten(1), paged.dense_k[0].flatten(1), paged.dense_v[0].flatten(1)], dim=1)
+    q, k, v = (part.unflatten(1, (-1, 128)) for part in qkv.split([32 * 128, 8 * 128, 8 * 128], dim=1))
+    plan = paged.plan(4)
+    calls = []
+    paged_kernel = prefill_attention.paged_prefill_attention
+    monkeypatch.setattr(prefill_attention, "paged_prefill_attention", lambda *a: calls.append(1) or paged_kernel(*a))
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        out = prefill_attention.attend_prefill(q, k, v, paged.k_cache, paged.v_cache, plan, 128**-0.5, invariant)
+
+    expected = paged_prefill_attention_reference(q, paged.k_cache, paged.v_cache, plan, 128**-0.5).float()
+    assert out.shape == q.shape and not out.isnan().any()
+    assert ((out.float() - expected).norm() / expected.norm()).item() < 1e-2
+    assert len(calls) == (1 if invariant else 0)
+    # cuDNN's one plan for every length (TORCH_CUDNN_SDPA_AVOID_RECOMPILE) needs this layout; it warns if not.
+    assert not [w for w in caught if "Falling back to regular dense case" in str(w.message)]
+
+
+def test_chunks_and_cpu_tensors_go_to_the_paged_path():
+    """A chunk after a cached prefix, several prompts or a short one take the paged kernel (here its CPU
+    path)."""
+    for seqs in ([(5, 7)], [(0, 9), (0, 4)], [(0, 12)]):
+        q, paged = _inputs(4, 2, 2, 16, seed=3, seqs=seqs)
+        plan = paged.plan(2)
+        k = torch.zeros(q.shape[0], 2, 16)  # not read by the paged path
+        out = attend_prefill(q, k, k, paged.k_cache, paged.v_cache, plan, 0.25)
+        torch.testing.assert_close(out, paged_prefill_attention(q, paged.k_cache, paged.v_cache, plan, 0.25))
