@@ -15,10 +15,11 @@ causally masked, up to the tile's last query and no further. The tile table is b
 the other per-forward tensors (PrefillPlan), heaviest tiles first so the longest programs start first;
 every layer reuses it, and the kernel never waits for the host. Tiles of sequence -1 pad a CUDA graph's grid.
 
-`attend_prefill` sends one long whole prompt (no cached prefix, CUDNN_MIN_TOKENS new tokens or more) to
-cuDNN's fused attention over the prompt's own K/V instead: a long prompt's attention is where that kernel's
-Hopper pipeline (asynchronous loads overlapping both products and the softmax) gains most over this one
-(scripts/bench_prefill_attention.py). Its bits differ from this kernel's, so batch-invariant mode keeps this one.
+`attend_prefill` sends one long sequence without a cached prefix (a whole prompt or its first chunk, of
+CUDNN_MIN_TOKENS tokens or more) to cuDNN's fused attention over its own K/V instead: a long prompt's
+attention is where that kernel's Hopper pipeline (asynchronous loads overlapping both products and the
+softmax) gains most over this one (scripts/bench_prefill_attention.py). Its bits differ from this kernel's,
+so batch-invariant mode keeps this one.
 """
 
 from __future__ import annotations
@@ -47,9 +48,9 @@ BLOCK_N = 64
 # Four warps hold the 64 x 128 fp32 output; three stages keep two K/V tiles in flight while one is multiplied.
 NUM_WARPS = 4
 NUM_STAGES = 3
-# From this many new tokens of one whole prompt on, attend_prefill takes cuDNN. Below, this kernel is within
-# about 15% of it, and the prompts of the default CUDA-graph buckets (prefill_graph_max_tokens) then take the
-# same kernel whether their step is captured (cuDNN is not) or eager: the same bits either way.
+# From this many new tokens of one sequence without a cached prefix on, attend_prefill takes cuDNN. Below,
+# this kernel is within about 15% of it, and the prompts of the default CUDA-graph buckets
+# (prefill_graph_max_tokens) take the same kernel whether their step is captured (cuDNN is not) or eager.
 CUDNN_MIN_TOKENS = 2049
 # cuDNN builds an execution plan per sequence length (tens of ms, at each new length); its ragged path, for
 # q, k, v and the output in [tokens, heads, D] layout, serves every length from one plan. PyTorch calls that
@@ -240,11 +241,11 @@ def attend_prefill(
     invariant: bool = False,
 ) -> torch.Tensor:
     """The attention of a prefill forward: q [T, Hq, D] and the new tokens' own k, v [T, KVH, D] (already in
-    the caches). One long whole prompt outside a CUDA graph goes to cuDNN over k, v; the rest to the paged kernel.
-    invariant: always the paged kernel (engine.batch_invariant)."""
-    whole_prompt = plan.host_query_lens == plan.host_seq_lens and len(plan.host_seq_lens) == 1
-    long_prompt = whole_prompt and q.shape[0] >= CUDNN_MIN_TOKENS
-    if long_prompt and not invariant and q.is_cuda and not torch.cuda.is_current_stream_capturing():
+    the caches). One long sequence without a cached prefix, outside a CUDA graph, goes to cuDNN over k, v; the
+    rest to the paged kernel. invariant: always the paged kernel (engine.batch_invariant)."""
+    no_prefix = len(plan.host_seq_lens) == 1 and plan.host_query_lens == plan.host_seq_lens
+    eager_cuda = q.is_cuda and not torch.cuda.is_current_stream_capturing()
+    if no_prefix and q.shape[0] >= CUDNN_MIN_TOKENS and eager_cuda and not invariant:
         # [1, heads, T, D] views of [T, heads, D] tensors (v is a view of the qkv rows: copied, small)
         heads_first = [t.contiguous().unsqueeze(0).transpose(1, 2) for t in (q, k, v)]
         if torch.backends.cuda.can_use_cudnn_attention(

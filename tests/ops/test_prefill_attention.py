@@ -226,14 +226,14 @@ def test_kernel_matches_reference_on_gpu_bf16():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("invariant", [False, True])
-def test_long_whole_prompt_goes_to_cudnn_on_gpu(monkeypatch, invariant):
-    """One long whole prompt at Qwen3-4B's attention shape, q, k and v as views of one qkv row as the model passes
-    them: cuDNN's attention over k, v matches the reference (through its one plan for every length), and the
-    paged kernel is not called; batch-invariant mode calls it."""
+@pytest.mark.parametrize("tokens, invariant", [(2049, False), (4999, False), (3001, True)])
+def test_long_whole_prompt_goes_to_cudnn_on_gpu(monkeypatch, tokens, invariant):
+    """One long whole prompt at Qwen3-4B's attention shape, q, k and v as views of one qkv row as the model
+    passes them: cuDNN's attention over k, v matches the reference at lengths its one plan for every length was
+    not built for, and the paged kernel is not called; batch-invariant mode calls it."""
     generator = torch.Generator().manual_seed(0)
-    paged = PagedSequences([(0, 3000)], 16, 8, 128, generator, dtype=torch.bfloat16, device="cuda")
-    q = torch.randn(3000, 32, 128, generator=generator).bfloat16().cuda()
+    paged = PagedSequences([(0, tokens)], 16, 8, 128, generator, dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(tokens, 32, 128, generator=generator).bfloat16().cuda()
     qkv = torch.cat([q.flatten(1), paged.dense_k[0].flatten(1), paged.dense_v[0].flatten(1)], dim=1)
     q, k, v = (part.unflatten(1, (-1, 128)) for part in qkv.split([32 * 128, 8 * 128, 8 * 128], dim=1))
     plan = paged.plan(4)
