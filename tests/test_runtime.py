@@ -348,7 +348,7 @@ def test_a_long_prompt_scores_alike_through_cudnn_and_the_paged_kernel(monkeypat
     paged_calls = []
     paged_kernel = prefill_attention.paged_prefill_attention
     monkeypatch.setattr(
-        prefill_attention, "paged_prefill_attention", lambda *a: paged_calls.append(1) or paged_kernel(*a)
+        prefill_attention, "paged_prefill_attention", lambda *a, **kw: paged_calls.append(1) or paged_kernel(*a, **kw)
     )
     logprobs = {}
     for budget in (4096, 512):

@@ -15,11 +15,11 @@ causally masked, up to the tile's last query and no further. The tile table is b
 the other per-forward tensors (PrefillPlan), heaviest tiles first so the longest programs start first;
 every layer reuses it, and the kernel never waits for the host. Tiles of sequence -1 pad a CUDA graph's grid.
 
-`attend_prefill` sends one long sequence without a cached prefix (a whole prompt or its first chunk, of
-CUDNN_MIN_TOKENS tokens or more) to cuDNN's fused attention over its own K/V instead: a long prompt's
-attention is where that kernel's Hopper pipeline (asynchronous loads overlapping both products and the
-softmax) gains most over this one (scripts/bench_prefill_attention.py). Its bits differ from this kernel's,
-so batch-invariant mode keeps this one.
+`attend_prefill` sends the longest sequence without a cached prefix (a whole prompt or its first chunk), if it
+has CUDNN_MIN_TOKENS tokens or more, to cuDNN's fused attention over its own K/V instead (this kernel skips
+its tiles): a long prompt's attention is where that kernel's Hopper pipeline (asynchronous loads overlapping
+both products and the softmax) gains most over this one (scripts/bench_prefill_attention.py). Its bits differ
+from this kernel's, so batch-invariant mode keeps this one.
 """
 
 from __future__ import annotations
@@ -129,10 +129,10 @@ class PrefillPlan:
         )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["skip_seq"])  # one compiled kernel whatever the sequence skipped
 def _prefill_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, tiles_ptr, query_start_loc_ptr, seq_lens_ptr, block_tables_ptr,
-    qk_scale_log2, stride_q_t, stride_q_h, stride_k_block, stride_k_offset, stride_k_head,
+    qk_scale_log2, skip_seq, stride_q_t, stride_q_h, stride_k_block, stride_k_offset, stride_k_head,
     stride_v_block, stride_v_offset, stride_v_head, stride_out_t, stride_out_h, stride_bt_b,
     NUM_KV_HEADS: tl.constexpr, GROUP: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, PAGE_SIZE: tl.constexpr,
@@ -143,7 +143,7 @@ def _prefill_attention_kernel(
     tile = tl.program_id(0) // NUM_KV_HEADS
     kv_head = tl.program_id(0) % NUM_KV_HEADS
     seq = tl.load(tiles_ptr + 2 * tile)
-    if seq < 0:  # a padding tile of a CUDA graph's fixed grid
+    if seq < 0 or seq == skip_seq:  # a padding tile of a CUDA graph's fixed grid, or cuDNN's sequence
         return
     first = tl.load(tiles_ptr + 2 * tile + 1)
     q_begin = tl.load(query_start_loc_ptr + seq)
@@ -241,20 +241,38 @@ def attend_prefill(
     invariant: bool = False,
 ) -> torch.Tensor:
     """The attention of a prefill forward: q [T, Hq, D] and the new tokens' own k, v [T, KVH, D] (already in
-    the caches). One long sequence without a cached prefix, outside a CUDA graph, goes to cuDNN over k, v; the
-    rest to the paged kernel. invariant: always the paged kernel (engine.batch_invariant)."""
-    no_prefix = len(plan.host_seq_lens) == 1 and plan.host_query_lens == plan.host_seq_lens
-    eager_cuda = q.is_cuda and not torch.cuda.is_current_stream_capturing()
-    if no_prefix and q.shape[0] >= CUDNN_MIN_TOKENS and eager_cuda and not invariant:
-        # [1, heads, T, D] views of [T, heads, D] tensors (v is a view of the qkv rows: copied, small)
-        heads_first = [t.contiguous().unsqueeze(0).transpose(1, 2) for t in (q, k, v)]
-        if torch.backends.cuda.can_use_cudnn_attention(
-            torch.backends.cuda.SDPAParams(*heads_first, None, 0.0, True, True)
-        ):
-            with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                out = F.scaled_dot_product_attention(*heads_first, is_causal=True, scale=scale, enable_gqa=True)
-            return out[0].transpose(0, 1)
-    return paged_prefill_attention(q, k_cache, v_cache, plan, scale)
+    the caches). Outside a CUDA graph the longest sequence without a cached prefix, if it has CUDNN_MIN_TOKENS
+    tokens or more, attends through cuDNN over its own k, v; the others through the paged kernel (in the same
+    forward: decoding rows ride in prefill steps). invariant: the paged kernel alone (engine.batch_invariant)."""
+    seq = _cudnn_sequence(q, plan, invariant)
+    if seq is None:
+        return paged_prefill_attention(q, k_cache, v_cache, plan, scale)
+    begin = sum(plan.host_query_lens[:seq])
+    rows = slice(begin, begin + plan.host_query_lens[seq])
+    # [1, heads, tokens, D] views of [tokens, heads, D] tensors (v is a view of the qkv rows: copied, small)
+    heads_first = [t[rows].contiguous().unsqueeze(0).transpose(1, 2) for t in (q, k, v)]
+    if not torch.backends.cuda.can_use_cudnn_attention(
+        torch.backends.cuda.SDPAParams(*heads_first, None, 0.0, True, True)
+    ):
+        return paged_prefill_attention(q, k_cache, v_cache, plan, scale)
+    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+        attended = F.scaled_dot_product_attention(*heads_first, is_causal=True, scale=scale, enable_gqa=True)
+    attended = attended[0].transpose(0, 1)
+    if rows.stop - rows.start == q.shape[0]:  # the forward's only tokens
+        return attended
+    out = paged_prefill_attention(q, k_cache, v_cache, plan, scale, skip_seq=seq)
+    out[rows] = attended
+    return out
+
+
+def _cudnn_sequence(q: torch.Tensor, plan: PrefillPlan, invariant: bool) -> int | None:
+    """The sequence attend_prefill sends to cuDNN, if any: the longest without a cached prefix, from
+    CUDNN_MIN_TOKENS new tokens; none in a CUDA graph's capture or in batch-invariant mode."""
+    if invariant or not q.is_cuda or torch.cuda.is_current_stream_capturing():
+        return None
+    lengths = [n if n == seq_len else 0 for n, seq_len in zip(plan.host_query_lens, plan.host_seq_lens)]
+    longest = max(lengths, default=0)
+    return lengths.index(longest) if longest >= CUDNN_MIN_TOKENS else None
 
 
 def paged_prefill_attention(
@@ -264,13 +282,14 @@ def paged_prefill_attention(
     plan: PrefillPlan,
     scale: float,
     out: torch.Tensor | None = None,
+    skip_seq: int = -1,
 ) -> torch.Tensor:
     """q [T, Hq, D] (T = sum of query_lens); k_cache/v_cache [num_blocks, block_size, KVH, D] (one layer's,
     the new tokens' K/V already stored); returns [T, Hq, D] in q's dtype (into `out` if given). Query i of
-    sequence b sits at position seq_lens[b] - query_lens[b] + i and attends to positions 0..that one."""
+    sequence b sits at position seq_lens[b] - query_lens[b] + i and attends to positions 0..that one.
+    skip_seq: a sequence whose rows are left unwritten (attend_prefill's cuDNN sequence)."""
     if not use_triton(q):
-        result = _prefill_sdpa(q, k_cache, v_cache, plan, scale)
-        return result if out is None else out.copy_(result)
+        return _prefill_sdpa(q, k_cache, v_cache, plan, scale, torch.empty_like(q) if out is None else out, skip_seq)
     tokens, num_heads, head_dim = q.shape
     _, block_size, num_kv_heads, _ = k_cache.shape
     group_size = num_heads // num_kv_heads
@@ -284,8 +303,8 @@ def paged_prefill_attention(
         return out
     _prefill_attention_kernel[(num_tiles * num_kv_heads,)](
         q, k_cache, v_cache, out, plan.tiles, plan.query_start_loc, plan.seq_lens, plan.block_tables,
-        scale * math.log2(math.e), q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
+        scale * math.log2(math.e), skip_seq, q.stride(0), q.stride(1), k_cache.stride(0), k_cache.stride(1),
+        k_cache.stride(2), v_cache.stride(0), v_cache.stride(1), v_cache.stride(2), out.stride(0), out.stride(1),
         plan.block_tables.stride(0),
         NUM_KV_HEADS=num_kv_heads,
         GROUP=group_size,
@@ -326,11 +345,18 @@ def _sequences(plan: PrefillPlan):
 
 
 def _prefill_sdpa(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, plan: PrefillPlan, scale: float
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    plan: PrefillPlan,
+    scale: float,
+    out: torch.Tensor,
+    skip_seq: int,
 ) -> torch.Tensor:
     """The path without Triton (CPUs): per-sequence SDPA over the gathered K/V with the offset causal mask."""
-    out = torch.empty_like(q)
     for b, start, query_len, seq_len in _sequences(plan):
+        if b == skip_seq:
+            continue
         k, v = (_gathered(cache, plan.block_tables[b], seq_len).transpose(0, 1) for cache in (k_cache, v_cache))
         seq_q = q[start : start + query_len].transpose(0, 1)  # SDPA wants [heads, tokens, D]
         mask = _causal_mask(query_len, seq_len, q.device)

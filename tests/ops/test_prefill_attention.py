@@ -226,20 +226,35 @@ def test_kernel_matches_reference_on_gpu_bf16():
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
-@pytest.mark.parametrize("tokens, invariant", [(2049, False), (4999, False), (3001, True)])
-def test_long_whole_prompt_goes_to_cudnn_on_gpu(monkeypatch, tokens, invariant):
-    """One long whole prompt at Qwen3-4B's attention shape, q, k and v as views of one qkv row as the model
-    passes them: cuDNN's attention over k, v matches the reference at lengths its one plan for every length was
-    not built for, and the paged kernel is not called; batch-invariant mode calls it."""
+@pytest.mark.parametrize(
+    "seqs, invariant",
+    [
+        ([(0, 2049)], False),
+        ([(40, 3), (0, 2500), (0, 4999), (500, 1)], False),  # cuDNN takes the longest, the kernel the rest
+        ([(0, 3001), (17, 60)], True),
+    ],
+)
+def test_long_sequence_without_prefix_goes_to_cudnn_on_gpu(monkeypatch, seqs, invariant):
+    """Qwen3-4B's attention shape, q, k and v as views of one qkv row as the model passes them, at lengths
+    cuDNN's one plan for every length was not built for: the output matches the reference, the paged kernel
+    runs only beside cuDNN (skipping its sequence) or in batch-invariant mode."""
     generator = torch.Generator().manual_seed(0)
-    paged = PagedSequences([(0, tokens)], 16, 8, 128, generator, dtype=torch.bfloat16, device="cuda")
-    q = torch.randn(tokens, 32, 128, generator=generator).bfloat16().cuda()
-    qkv = torch.cat([q.flatten(1), paged.dense_k[0].flatten(1), paged.dense_v[0].flatten(1)], dim=1)
+    paged = PagedSequences(seqs, 16, 8, 128, generator, dtype=torch.bfloat16, device="cuda")
+    q = torch.randn(sum(n for _, n in seqs), 32, 128, generator=generator).bfloat16().cuda()
+    new_k, new_v = (
+        torch.cat([dense[prefix:] for dense, (prefix, _) in zip(cache, seqs)])
+        for cache in (paged.dense_k, paged.dense_v)
+    )
+    qkv = torch.cat([q.flatten(1), new_k.flatten(1), new_v.flatten(1)], dim=1)
     q, k, v = (part.unflatten(1, (-1, 128)) for part in qkv.split([32 * 128, 8 * 128, 8 * 128], dim=1))
     plan = paged.plan(4)
-    calls = []
+    skipped = []
     paged_kernel = prefill_attention.paged_prefill_attention
-    monkeypatch.setattr(prefill_attention, "paged_prefill_attention", lambda *a: calls.append(1) or paged_kernel(*a))
+    monkeypatch.setattr(
+        prefill_attention,
+        "paged_prefill_attention",
+        lambda *a, skip_seq=-1: skipped.append(skip_seq) or paged_kernel(*a, skip_seq=skip_seq),
+    )
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -247,10 +262,30 @@ def test_long_whole_prompt_goes_to_cudnn_on_gpu(monkeypatch, tokens, invariant):
 
     expected = paged_prefill_attention_reference(q, paged.k_cache, paged.v_cache, plan, 128**-0.5).float()
     assert out.shape == q.shape and not out.isnan().any()
-    assert ((out.float() - expected).norm() / expected.norm()).item() < 1e-2
-    assert len(calls) == (1 if invariant else 0)
+    for b, start, query_len, _ in prefill_attention._sequences(plan):
+        rows = slice(start, start + query_len)
+        assert ((out[rows].float() - expected[rows]).norm() / expected[rows].norm()).item() < 1e-2, b
+    assert skipped == ([-1] if invariant else [2] if len(seqs) > 1 else [])
     # cuDNN's one plan for every length (TORCH_CUDNN_SDPA_AVOID_RECOMPILE) needs this layout; it warns if not.
     assert not [w for w in caught if "Falling back to regular dense case" in str(w.message)]
+
+
+@pytest.mark.parametrize("interpret", [True, False])
+def test_the_skipped_sequence_is_left_unwritten(monkeypatch, interpret):
+    """skip_seq (attend_prefill's cuDNN sequence): its rows keep what `out` held, the others are attended."""
+    monkeypatch.setattr(ops, "TRITON_INTERPRET", interpret)
+    q, paged = _inputs(16, 2, 2, 16, seed=6)
+    plan = paged.plan(2, block_m=16)
+    out = torch.full_like(q, float("nan"))
+
+    paged_prefill_attention(q, paged.k_cache, paged.v_cache, plan, 0.25, out=out, skip_seq=1)
+
+    skipped = slice(SEQS[0][1], SEQS[0][1] + SEQS[1][1])
+    assert out[skipped].isnan().all()
+    out[skipped] = 0.0
+    expected = paged_prefill_attention_reference(q, paged.k_cache, paged.v_cache, plan, 0.25)
+    expected[skipped] = 0.0
+    assert _rel_err(out, expected) <= 1e-5
 
 
 def test_chunks_and_cpu_tensors_go_to_the_paged_path():
