@@ -364,4 +364,4 @@ def test_a_long_prompt_scores_alike_through_cudnn_and_the_paged_kernel(monkeypat
         torch.cuda.empty_cache()
     diff = (logprobs[4096] - logprobs[512]).abs()
     print(f"|whole - chunked| prompt logprobs: mean {diff.mean():.2e}, max {diff.max():.2e}")
-    assert diff.mean() < 0.02 and diff.max() < 0.5
+    assert diff.mean() < 0.02 and diff.max() < 0.15
