@@ -1,10 +1,11 @@
 """Replays the greedy and seeded requests that completed through the offline Runtime (same config, a few
 requests at a time) and compares: text, finish reasons and tokens exactly; logprobs within `tol`.
 
-One exception, the only one rounding allows: a greedy output may leave the offline one where the offline top two
-tokens are within `tie_tol` (a near-tie: in another batch the matmuls round differently, on the GPU the more so).
-Such a choice is compared up to that token and counted as diverged; greedy items ask the offline engine for at
-least two logprobs to tell.
+Two exceptions, the ones rounding allows (in another batch the matmuls round differently, on the GPU the more
+so): a greedy output may leave the offline one where the offline top two tokens are within `tie_tol` (a
+near-tie); such a choice is compared up to that token and counted as diverged; greedy items ask the offline
+engine for at least two logprobs to tell. And a prompt token's rank may move past the tokens whose logprobs lie
+within `tie_tol` of its own. `tie_tol` 0 allows neither.
 
 The server does not send token ids, so a token is compared by what it sends for it: its string (completions'
 `tokens`, top_logprobs keys), its bytes (chat) or its id (prompt_logprobs)."""
@@ -89,6 +90,13 @@ class Comparer:
         if a is not None and math.isfinite(b):
             self.differences.append(abs(a - b))
         return a is not None and abs(a - b) <= self.tol
+
+    def _rank_close(self, got: int, want: int, logprob: float, top: float) -> bool:
+        """A rank counts the tokens above: rounding that moves logprobs by up to tie_tol may carry those within it
+        of this one across. How many: the want - 1 tokens above, spread over [logprob, top], per unit."""
+        spread = top - logprob
+        slack = math.ceil((want - 1) * 2 * self.tie_tol / spread) if spread > 0 else 0
+        return abs(got - want) <= slack
 
     def summary(self) -> dict:
         """Mismatches by field (positions pooled) and how many of the compared choices have any: a few choices
@@ -189,7 +197,11 @@ class Comparer:
             for rank, (t, v) in enumerate(zip(lp.top_ids, lp.top_logprobs), start=1):
                 expect.setdefault(str(t), (v, rank))
             ok = g is not None and set(g) == set(expect)
-            ok = ok and all(g[k]["rank"] == r and self._close(g[k]["logprob"], v) for k, (v, r) in expect.items())
+            top = lp.top_logprobs[0] if lp.top_logprobs else 0.0  # no top asked: 0 bounds the largest logprob
+            ok = ok and all(
+                self._rank_close(g[k]["rank"], r, v, top) and self._close(g[k]["logprob"], v)
+                for k, (v, r) in expect.items()
+            )
             if not ok:
                 self._bad(item, f"prompt_logprobs[{i}]", g, expect)
 

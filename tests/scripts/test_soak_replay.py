@@ -1,5 +1,6 @@
 """The soak replay's comparison: exact outputs pass, a greedy output that leaves the offline one at a near-tie is
-compared up to there and counted, any other difference is a mismatch."""
+compared up to there and counted, a prompt token's rank may move past the tokens within tie_tol of it, any other
+difference is a mismatch."""
 
 from types import SimpleNamespace
 
@@ -65,3 +66,26 @@ def test_equal_outputs_pass(tok):
     comparer = Comparer(tok, tol=1e-4, tie_tol=1e-3)
     comparer.compare(_served(tok, IDS, 1), _offline(gap=5e-4))
     assert comparer.mismatches == [] and comparer.diverged == 0 and comparer.tokens == len(IDS)
+
+
+def _scored_prompt(tok: Tokenizer, served_rank: int) -> tuple[Item, SimpleNamespace]:
+    """A prompt token of rank 11,501 at logprob -11.7, the top one at -10.7 (a flat distribution's tail), served
+    with `served_rank`."""
+    item = _served(tok, IDS, None)
+    item.result.spec.body["prompt_logprobs"] = 1
+    served = {"5": {"logprob": -11.7, "rank": served_rank}, "9": {"logprob": -10.7, "rank": 1}}
+    item.result.choices[0].prompt_logprobs = [None, served]
+    out = _offline(gap=0.1)
+    out.prompt_logprobs = [None, TokenLogprob(5, -11.7, 11501, 0.0, [9], [-10.7])]
+    return item, out
+
+
+@pytest.mark.parametrize(
+    "tie_tol, served_rank, ok",
+    [(1e-3, 11501, True), (1e-3, 11502, True), (1e-3, 11478, True), (1e-3, 11530, False), (0.0, 11502, False)],
+)
+def test_a_prompt_tokens_rank_may_move_past_the_tokens_within_tie_tol(tok, tie_tol, served_rank, ok):
+    """11,500 tokens above over one unit of logprob: rounding within 1e-3 may carry up to 23 of them across."""
+    comparer = Comparer(tok, tol=1e-4, tie_tol=tie_tol)
+    comparer.compare(*_scored_prompt(tok, served_rank))
+    assert (comparer.mismatches == []) == ok
