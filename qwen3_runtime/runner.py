@@ -146,14 +146,17 @@ class ModelRunner:
         self.prefill_stager.stage(chunks, self.prefill_graphs.padded_size(int(rows[-1])))
         _, hidden = self.prefill_graphs.run(int(rows[-1]))
         spans = [ScoredSpan.of_chunk(c.req, row, c.start, c.end) for c, row in zip(chunks, rows)]
-        prompt_spans = self.prompt_logprobs.compute([s for s in spans if s], hidden, self._prefill_logits)
         last = [(c.req, row + c.num_tokens - 1) for c, row in zip(chunks, rows) if c.is_last]
-        reqs = [req for req, _ in last]
+        reqs, sample_rows = [req for req, _ in last], [row for _, row in last]
+        prompt_spans, logits = self.prompt_logprobs.compute(
+            [s for s in spans if s], hidden, self._prefill_logits, sample_rows
+        )
         lp_logits = None
         if reqs:
             self.penalties.acquire(reqs)  # before staging: the slot is a request constant
             self.stager.stage(reqs, len(reqs))
-            logits = self._prefill_logits(hidden[self._tensor([row for _, row in last])])
+            if logits is None:
+                logits = self._prefill_logits(hidden[self._tensor(sample_rows)])
             lp_logits = self._sample_and_reduce(logits, len(reqs), _variant(reqs, self.logprobs_mode), _penalized(reqs))
         self.stats.prefill_steps += 1
         return self._copy_out(reqs, lp_logits, prompt_spans)

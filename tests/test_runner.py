@@ -235,6 +235,38 @@ def test_prompt_logprobs_add_one_copy_and_no_wait(make_runtime, tiny_checkpoint)
         assert [lp.token_id for lp in out.prompt_logprobs[1:]] == prompt[1:]
 
 
+def test_the_rows_sampled_from_join_the_last_prompt_logprobs_product(make_runtime, tiny_checkpoint, monkeypatch):
+    """A prefill scoring prompts computes the logits its requests sample from in its last chunk's product, not in
+    one of their own: one lm_head product per chunk, and the same tokens and logprobs as without prompt logprobs."""
+    prompts = [list(range(1, 12)), [3, 4, 5], [7, 8, 9, 10]]  # 10 + 2 positions scored: chunks of 4, 4 and 4 + 3
+
+    def run(scored: bool):
+        rt = make_runtime(tiny_checkpoint, logprobs__prompt_chunk_size=4)
+        products = []
+        compute_logits = rt.model.compute_logits
+        monkeypatch.setattr(
+            rt.model, "compute_logits", lambda h, **kw: products.append(len(h)) or compute_logits(h, **kw)
+        )
+        params = [
+            SamplingParams(
+                max_tokens=3, temperature=0, ignore_eos=True, logprobs=3, prompt_logprobs=k if scored else None
+            )
+            for k in (2, 0)
+        ] + [SamplingParams(max_tokens=3, temperature=0.9, seed=5, ignore_eos=True, logprobs=3)]
+        outs = rt.generate(prompts, params)
+        assert rt.stats.prefill_steps == 1 and len(products) == (3 if scored else 1) + rt.stats.decode_steps
+        return outs, products
+
+    scored, products = run(scored=True)
+    plain, plain_products = run(scored=False)
+    assert products[:3] == [4, 4, 4 + 3] and plain_products[0] == 3  # the prefill's products
+    for a, b in zip(scored, plain):
+        assert a.token_ids == b.token_ids and a.error is None
+        for x, y in zip(a.logprobs, b.logprobs):
+            _assert_close(x, y)
+    assert [lp.token_id for lp in scored[0].prompt_logprobs[1:]] == prompts[0][1:]
+
+
 def _check_padded_rows_never_write_the_cache(rt):
     # block 0: where a padded row's (or a prefill's padded token's) slot 0 would land
     reserved = rt.scheduler.blocks.free.popleft()

@@ -67,18 +67,20 @@ class PromptLogprobs:
         self.packed = torch.zeros(max_tokens, packed_width(routing.k_max), dtype=torch.int32, device=device)
         self.host = torch.zeros_like(self.packed, device="cpu", pin_memory=device.type == "cuda")
 
-    def compute(self, spans: list[ScoredSpan], hidden: torch.Tensor, logits: Logits) -> list[ScoredSpan]:
+    def compute(
+        self, spans: list[ScoredSpan], hidden: torch.Tensor, logits: Logits, sample_rows: Seq[int] = ()
+    ) -> tuple[list[ScoredSpan], torch.Tensor | None]:
         """Score the spans. Returns the device-path ones, whose results `unpack` reads once the step's copy
-        has landed."""
+        has landed, and the logits of hidden rows `sample_rows` (those the step samples from) when the
+        device path's last product computed them beside its chunk, else None."""
         on_device = []
         for span in spans:
             if self.routing.on_host(span.req.params.prompt_logprobs):
                 self._on_host(span, hidden, logits)
             else:
                 on_device.append(span)
-        if on_device:
-            self._on_device(on_device, hidden, logits)
-        return on_device
+        sampled = self._on_device(on_device, hidden, logits, sample_rows) if on_device else None
+        return on_device, sampled
 
     def unpack(self, spans: list[ScoredSpan]) -> None:
         """Each span's block of the landed copy joins its request's pieces (kept packed until read)."""
@@ -91,18 +93,30 @@ class PromptLogprobs:
                 rows = np.concatenate(span.req.prompt_logprob_parts)
                 _set_prompt_logprobs(span.req, PackedLogprobs(rows, span.req.params.prompt_logprobs, leading=1))
 
-    def _on_device(self, spans: list[ScoredSpan], hidden: torch.Tensor, logits: Logits) -> None:
+    def _on_device(
+        self, spans: list[ScoredSpan], hidden: torch.Tensor, logits: Logits, sample_rows: Seq[int]
+    ) -> torch.Tensor | None:
+        """The spans' rows in chunks of logits, reduced and packed. The rows the step samples from join the last
+        chunk's product: it reads the lm_head weights anyway, and a product of their own would read them again."""
         rows, targets = _scored_rows(spans)
+        if not len(rows):  # spans of a prompt's last position alone score nothing
+            return None
         num_top = np.repeat([span.req.params.prompt_logprobs for span in spans], [len(s.positions) for s in spans])
-        rows, targets, num_top = self._tensor(np.stack([rows, targets, num_top]))  # one upload
-        packed = self.packed[: len(rows)]
-        for begin in range(0, len(rows), self.chunk_size):
-            part = slice(begin, begin + self.chunk_size)
-            out = self.buffers.head(len(rows[part]))
-            reduce_logprobs(logits(hidden[rows[part]]), targets[part], num_top[part], self.routing.k_max, out=out)
-            pack(targets[part], out, packed[part])
-        self.host[: len(rows)].copy_(packed, non_blocking=True)
+        n, s = len(rows), len(sample_rows)
+        uploaded = self._tensor(np.concatenate([rows, np.asarray(sample_rows, dtype=np.int64), targets, num_top]))
+        gathered, targets, num_top = uploaded.split([n + s, n, n])  # one upload
+        packed = self.packed[:n]
+        for begin in range(0, n, self.chunk_size):
+            end = min(begin + self.chunk_size, n)
+            chunk_logits = logits(hidden[gathered[begin : end if end < n else n + s]])  # the last: sample rows too
+            out = self.buffers.head(end - begin)
+            reduce_logprobs(
+                chunk_logits[: end - begin], targets[begin:end], num_top[begin:end], self.routing.k_max, out=out
+            )
+            pack(targets[begin:end], out, packed[begin:end])
+        self.host[:n].copy_(packed, non_blocking=True)
         self.stats.count_copy(packed.numel() * packed.element_size(), synced=False)
+        return chunk_logits[n - begin :] if s else None
 
     def _on_host(self, span: ScoredSpan, hidden: torch.Tensor, logits: Logits) -> None:
         rows, targets = _scored_rows([span])
