@@ -1,6 +1,7 @@
 """The runner through the public API: logprobs on both paths, prompt logprobs, padding, counters."""
 
 import math
+import weakref
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -237,16 +238,25 @@ def test_prompt_logprobs_add_one_copy_and_no_wait(make_runtime, tiny_checkpoint)
 
 def test_the_rows_sampled_from_join_the_last_prompt_logprobs_product(make_runtime, tiny_checkpoint, monkeypatch):
     """A prefill scoring prompts computes the logits its requests sample from in its last chunk's product, not in
-    one of their own: one lm_head product per chunk, and the same tokens and logprobs as without prompt logprobs."""
+    one of their own: one lm_head product per chunk, each chunk's logits freed before the next product, and the
+    same tokens and logprobs as without prompt logprobs."""
     prompts = [list(range(1, 12)), [3, 4, 5], [7, 8, 9, 10]]  # 10 + 2 positions scored: chunks of 4, 4 and 4 + 3
+    products, live = [], []  # rows per product, and the products' earlier logits still alive at each
 
     def run(scored: bool):
         rt = make_runtime(tiny_checkpoint, logprobs__prompt_chunk_size=4)
-        products = []
+        products.clear()
+        live.clear()
+        refs = []
         compute_logits = rt.model.compute_logits
-        monkeypatch.setattr(
-            rt.model, "compute_logits", lambda h, **kw: products.append(len(h)) or compute_logits(h, **kw)
-        )
+
+        def product(hidden, **kw):
+            products.append(len(hidden))
+            live.append(sum(ref() is not None for ref in refs))
+            refs.append(weakref.ref(logits := compute_logits(hidden, **kw)))
+            return logits
+
+        monkeypatch.setattr(rt.model, "compute_logits", product)
         params = [
             SamplingParams(
                 max_tokens=3, temperature=0, ignore_eos=True, logprobs=3, prompt_logprobs=k if scored else None
@@ -255,11 +265,12 @@ def test_the_rows_sampled_from_join_the_last_prompt_logprobs_product(make_runtim
         ] + [SamplingParams(max_tokens=3, temperature=0.9, seed=5, ignore_eos=True, logprobs=3)]
         outs = rt.generate(prompts, params)
         assert rt.stats.prefill_steps == 1 and len(products) == (3 if scored else 1) + rt.stats.decode_steps
-        return outs, products
+        return outs, list(products)
 
-    scored, products = run(scored=True)
+    scored, scored_products = run(scored=True)
+    assert live[:3] == [0, 0, 0]  # at most one chunk of logits at a time
     plain, plain_products = run(scored=False)
-    assert products[:3] == [4, 4, 4 + 3] and plain_products[0] == 3  # the prefill's products
+    assert scored_products[:3] == [4, 4, 4 + 3] and plain_products[0] == 3  # the prefill's products
     for a, b in zip(scored, plain):
         assert a.token_ids == b.token_ids and a.error is None
         for x, y in zip(a.logprobs, b.logprobs):

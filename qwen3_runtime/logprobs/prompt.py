@@ -106,17 +106,23 @@ class PromptLogprobs:
         uploaded = self._tensor(np.concatenate([rows, np.asarray(sample_rows, dtype=np.int64), targets, num_top]))
         gathered, targets, num_top = uploaded.split([n + s, n, n])  # one upload
         packed = self.packed[:n]
-        for begin in range(0, n, self.chunk_size):
-            end = min(begin + self.chunk_size, n)
-            chunk_logits = logits(hidden[gathered[begin : end if end < n else n + s]])  # the last: sample rows too
-            out = self.buffers.head(end - begin)
-            reduce_logprobs(
-                chunk_logits[: end - begin], targets[begin:end], num_top[begin:end], self.routing.k_max, out=out
-            )
-            pack(targets[begin:end], out, packed[begin:end])
+        last = (n - 1) // self.chunk_size * self.chunk_size  # the last chunk's first row
+        for begin in range(0, last, self.chunk_size):  # each chunk's logits freed before the next product
+            end = begin + self.chunk_size
+            self._reduce(logits(hidden[gathered[begin:end]]), targets[begin:end], num_top[begin:end], packed[begin:end])
+        last_logits = logits(hidden[gathered[last:]])  # the sample rows ride along: gathered ends with them
+        self._reduce(last_logits, targets[last:], num_top[last:], packed[last:])
         self.host[:n].copy_(packed, non_blocking=True)
         self.stats.count_copy(packed.numel() * packed.element_size(), synced=False)
-        return chunk_logits[n - begin :] if s else None
+        return last_logits[n - last :] if s else None
+
+    def _reduce(
+        self, chunk_logits: torch.Tensor, targets: torch.Tensor, num_top: torch.Tensor, packed: torch.Tensor
+    ) -> None:
+        """Reduce and pack the logits' first len(targets) rows (those scoring prompt tokens)."""
+        out = self.buffers.head(len(targets))
+        reduce_logprobs(chunk_logits[: len(targets)], targets, num_top, self.routing.k_max, out=out)
+        pack(targets, out, packed)
 
     def _on_host(self, span: ScoredSpan, hidden: torch.Tensor, logits: Logits) -> None:
         rows, targets = _scored_rows([span])
