@@ -77,23 +77,49 @@ class Request:
         logprobs on its first token."""
         new = [] if self.error else [self.output[slot]]
         logprobs = None if self.params.logprobs is None else list(self.logprobs[len(self.logprobs) - len(new) :])
-        prompt_logprobs = plain_logprobs(self.prompt_logprobs) if slot == 0 else None
+        prompt_logprobs = self.prompt_logprobs if slot == 0 else None
         return RequestUpdate(
             self.request_id, new, logprobs, prompt_logprobs, finish_reason, self.error, len(self.prompt)
         )
 
     def to_output(self) -> RequestOutput:
-        """Plain data (dataclasses.asdict and json.dumps work): lazy logprobs are built here, in bulk."""
+        """Plain data (dataclasses.asdict and json.dumps work); the packed logprobs are built when first read."""
         return RequestOutput(
             self.request_id,
             self.prompt,
             self.output,
-            plain_logprobs(self.logprobs) if self.params.logprobs is not None else None,
-            plain_logprobs(self.prompt_logprobs),
+            self.logprobs if self.params.logprobs is not None else None,
+            self.prompt_logprobs,
             self.finish_reason,
             self.error,
             RequestMetrics(self.arrival_time, self.first_token_time, self.finished_time),
         )
+
+
+class BuiltWhenRead:
+    """A dataclass field of logprob entries that may be given packed (PackedLogprobs, StepLogprobs): kept packed
+    until first read, then built into a plain list in one bulk unpack (and kept). So the step that finishes a
+    request does no per-token Python work for its logprobs: whoever reads them does, in its own thread or
+    process, and a pickled output carries the packed rows rather than thousands of objects. Reads (asdict, ==,
+    repr, json) see the plain list."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name, self.key = name, f"_{name}_entries"
+
+    def __get__(self, obj: object, owner: type | None = None) -> list[TokenLogprob | None] | None:
+        if obj is None:
+            raise AttributeError(self.name)  # what dataclasses ask the class: the field has no default
+        entries = obj.__dict__[self.key]
+        if entries is not None and type(entries) is not list:
+            entries = obj.__dict__[self.key] = plain_logprobs(entries)
+        return entries
+
+    def __set__(self, obj: object, entries: abc.Sequence[TokenLogprob | None] | None) -> None:
+        obj.__dict__[self.key] = entries
+
+    def stored(self, obj: object) -> abc.Sequence[TokenLogprob | None] | None:
+        """The entries as given (packed or built), without building them."""
+        return obj.__dict__[self.key]
 
 
 @dataclass
@@ -104,14 +130,15 @@ class RequestUpdate:
     request_id: int | str  # the Runtime's id; the server's engine process renames it to the API process's
     token_ids: list[int]
     logprobs: list[TokenLogprob | None] | None
-    prompt_logprobs: list[TokenLogprob | None] | None
+    prompt_logprobs: list[TokenLogprob | None] | None = BuiltWhenRead()
     finish_reason: str | None
     error: str | None
     num_prompt_tokens: int
 
     def __reduce__(self) -> tuple:
-        # As TokenLogprob's: the engine process pickles one per request per step.
-        fields = (self.token_ids, self.logprobs, self.prompt_logprobs, self.finish_reason, self.error)
+        # As TokenLogprob's: the engine process pickles one per request per step (the prompt's logprobs packed).
+        prompt_logprobs = RequestUpdate.__dict__["prompt_logprobs"].stored(self)
+        fields = (self.token_ids, self.logprobs, prompt_logprobs, self.finish_reason, self.error)
         return RequestUpdate, (self.request_id, *fields, self.num_prompt_tokens)
 
 
@@ -135,8 +162,8 @@ class RequestOutput:
     request_id: int
     prompt_token_ids: list[int]
     token_ids: list[int]
-    logprobs: list[TokenLogprob | None] | None
-    prompt_logprobs: list[TokenLogprob | None] | None
+    logprobs: list[TokenLogprob | None] | None = BuiltWhenRead()
+    prompt_logprobs: list[TokenLogprob | None] | None = BuiltWhenRead()
     finish_reason: str | None
     error: str | None = None
     metrics: RequestMetrics | None = None

@@ -7,7 +7,8 @@ shapes    the engine's prefill step per prompts x tokens, against the compute fl
 arrivals  Poisson arrivals through the Python API: TTFT, inter-token latency and TPOT for each prefill chunk
           size (engine.max_num_batched_tokens), beside plain decode at the run's median decoding batch;
 prefix    a shared system prompt, requests one after another: TTFT of a prefix-cache hit against a miss;
-prompt    what prompt logprobs add to a prefill, against the lm_head product over the prompt alone.
+prompt    what prompt logprobs add to a prefill, against the lm_head product over the prompt alone (and what
+          reading them from the output costs: it keeps them packed until then).
 
 Usage: python -m scripts.bench_prefill --config qwen3-4b [--parts shapes arrivals prefix prompt] [--quick]
     [--set key=value ...] --out DIR
@@ -29,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from qwen3_runtime import Runtime, SamplingParams
+from qwen3_runtime import RequestOutput, Runtime, SamplingParams
 from qwen3_runtime.config import load_config, parse_override
 from scripts.floors import prefill_flops, weight_bytes
 from scripts.hf_reference import random_hf_model
@@ -45,7 +46,7 @@ TABLES = {  # the columns printed per part (the JSON has more)
     "arrivals": ["max_num_batched_tokens", "rate", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
                  "itl_max_ms", "tpot_median_ms", "decode_batch_median", "offline_tpot_ms"],
     "prefix": ["first_ttft_ms", "hit_ttft_ms", "miss_ttft_ms", "hit_vs_miss", "hit_rate"],
-    "prompt": ["prompt_len", "plain_ms", "prompt_logprobs_ms", "extra_ms", "lm_head_ms", "extra_vs_lm_head"],
+    "prompt": ["prompt_len", "plain_ms", "prompt_logprobs_ms", "extra_ms", "lm_head_ms", "extra_vs_lm_head", "read_ms"],
 }  # fmt: skip
 
 
@@ -81,9 +82,10 @@ def warm_up(rt: Runtime, rng: np.random.Generator, batches: list[list[int]]) -> 
         rt.generate(prompts_of(rng, rt.vocab_size, lengths), SamplingParams(max_tokens=4, **GREEDY))
 
 
-def one_step_ms(rt: Runtime, prompts: list[list[int]], params: SamplingParams) -> float:
+def timed_step(rt: Runtime, prompts: list[list[int]], params: SamplingParams) -> tuple[float, list[RequestOutput]]:
     """Wall-clock ms of rt.step() prefilling `prompts` (added beforehand) and sampling their first tokens, the
-    device synchronised before and after: scheduling, input staging, the forward, sampling, the copy back."""
+    device synchronised before and after: scheduling, input staging, the forward, sampling, the copy back; and
+    the step's outputs."""
     for prompt in prompts:
         rt.add_request(prompt, params)
     synchronize(rt.device)
@@ -92,7 +94,11 @@ def one_step_ms(rt: Runtime, prompts: list[list[int]], params: SamplingParams) -
     synchronize(rt.device)
     if len(outs) != len(prompts) or rt.has_unfinished():
         raise RuntimeError(f"{len(prompts)} prompts took more than one step")
-    return 1e3 * (time.perf_counter() - start)
+    return 1e3 * (time.perf_counter() - start), outs
+
+
+def one_step_ms(rt: Runtime, prompts: list[list[int]], params: SamplingParams) -> float:
+    return timed_step(rt, prompts, params)[0]
 
 
 def shapes(args: argparse.Namespace) -> Iterator[dict]:
@@ -270,11 +276,16 @@ def prompt(args: argparse.Namespace) -> Iterator[dict]:
         "engine.max_model_len": max(engine.max_model_len, n + 1),
         "engine.prefix_caching": False,
     })  # fmt: skip
-    rng, times = np.random.default_rng(args.seed), {None: [], 5: []}
+    rng, times, reads = np.random.default_rng(args.seed), {None: [], 5: []}, []
     for _ in range(3 * args.repeats + 1):
         for k, ms in times.items():
             params = SamplingParams(max_tokens=1, prompt_logprobs=k, **GREEDY)
-            ms.append(one_step_ms(rt, prompts_of(rng, rt.vocab_size, [n]), params))
+            step_ms, outs = timed_step(rt, prompts_of(rng, rt.vocab_size, [n]), params)
+            ms.append(step_ms)
+            if k is not None:  # the output keeps them packed until read: what reading them costs the reader
+                start = time.perf_counter()
+                assert len(outs[0].prompt_logprobs) == n
+                reads.append(1e3 * (time.perf_counter() - start))
     hidden = torch.randn(n - 1, rt.model.config.hidden_size, device=rt.device, dtype=rt.dtype)
     with torch.inference_mode():
         lm_head_ms = median_ms(lambda: rt.model.compute_logits(hidden), rt.device, 3 * args.repeats)
@@ -282,6 +293,7 @@ def prompt(args: argparse.Namespace) -> Iterator[dict]:
     yield {
         "prompt_len": n, "plain_ms": plain, "prompt_logprobs_ms": scored, "extra_ms": scored - plain,
         "lm_head_ms": lm_head_ms, "extra_vs_lm_head": (scored - plain) / lm_head_ms, "pairs": len(times[5]) - 1,
+        "read_ms": statistics.median(reads[1:]),
     }  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import torch
 from qwen3_runtime import SamplingParams, packing
 from qwen3_runtime.logprobs import TokenLogprob
 from qwen3_runtime.packing import PackedLogprobs, StepLogprobs, packed_width, plain_logprobs
-from qwen3_runtime.request import RequestUpdate
+from qwen3_runtime.request import RequestOutput, RequestUpdate
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
 _unpack = packing.unpack_rows
@@ -95,6 +95,20 @@ def test_outputs_are_plain_data_that_json_round_trips(make_runtime, path, mode):
     assert any(math.isinf(v) for v in top) == (mode == "processed")  # top-k 2 of 4: -inf, written -Infinity
 
 
+def test_outputs_keep_logprobs_packed_until_read(make_runtime):
+    """The step that finishes a request builds no TokenLogprob: its output holds the packed rows, pickles them
+    packed, and builds plain lists when they are first read (once)."""
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logprobs=2, prompt_logprobs=2)
+    out = make_runtime().generate([[5, 6, 7, 8]], params)[0]
+    stored = lambda o, name: RequestOutput.__dict__[name].stored(o)  # noqa: E731
+    assert type(stored(out, "logprobs")) is StepLogprobs and type(stored(out, "prompt_logprobs")) is PackedLogprobs
+    back = pickle.loads(pickle.dumps(out))
+    assert type(stored(back, "prompt_logprobs")) is PackedLogprobs
+    assert type(out.prompt_logprobs) is list and out.prompt_logprobs is out.prompt_logprobs
+    assert stored(out, "prompt_logprobs") is out.prompt_logprobs and type(out.logprobs[0]) is TokenLogprob
+    assert back == out and len(out.prompt_logprobs) == 4 and out.prompt_logprobs[0] is None
+
+
 def test_updates_and_logprobs_pickle_to_equal_objects():
     """The engine process pickles them to the API process every step, by their own __reduce__."""
     lp = TokenLogprob(7, -0.5, 2, 1.25, [3, 7], [-0.25, -0.5])
@@ -102,3 +116,8 @@ def test_updates_and_logprobs_pickle_to_equal_objects():
     back = pickle.loads(pickle.dumps(update))
     assert back == update and dataclasses.fields(back) == dataclasses.fields(update)
     assert type(back.logprobs[0]) is TokenLogprob and back.logprobs[0] == lp
+    rows = np.zeros((2, packed_width(2)), dtype=np.int32)
+    packed = RequestUpdate("req-2", [7], None, PackedLogprobs(rows, 2, leading=1), None, None, 3)
+    back = pickle.loads(pickle.dumps(packed))  # the prompt's logprobs travel packed, built when read
+    assert type(RequestUpdate.__dict__["prompt_logprobs"].stored(back)) is PackedLogprobs
+    assert back == packed and len(back.prompt_logprobs) == 3 and type(back.prompt_logprobs[1]) is TokenLogprob

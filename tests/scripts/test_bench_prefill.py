@@ -61,7 +61,7 @@ def test_every_part_writes_finite_figures(tmp_path, capsys):
     assert prefix["hit_rate"] < 1 and len(prefix["ttft_ms_on"]) == len(prefix["ttft_ms_off"]) == 3
 
     prompt = result["prompt"]
-    _positive(prompt, "plain_ms", "prompt_logprobs_ms", "lm_head_ms")
+    _positive(prompt, "plain_ms", "prompt_logprobs_ms", "lm_head_ms", "read_ms")
     assert math.isfinite(prompt["extra_vs_lm_head"])  # a difference of two medians: noise may make it negative
 
 
