@@ -90,7 +90,8 @@ class PromptLogprobs:
             span.req.prompt_logprob_parts.append(host[begin:end].copy())
             begin = end
             if span.is_last:
-                rows = np.concatenate(span.req.prompt_logprob_parts)
+                parts = span.req.prompt_logprob_parts
+                rows = parts[0] if len(parts) == 1 else np.concatenate(parts)
                 _set_prompt_logprobs(span.req, PackedLogprobs(rows, span.req.params.prompt_logprobs, leading=1))
 
     def _on_device(
