@@ -22,7 +22,7 @@ from scripts.profiling import finish_batch, profiled_runtime, start_batch, trace
 from scripts.report import environment
 
 
-def _kernel_family(name: str) -> str:
+def kernel_family(name: str) -> str:
     """Groups a kernel by what it does, for the table (cuBLAS names carry tile shapes)."""
     if name.startswith("_"):  # ours (Triton)
         return name
@@ -67,7 +67,7 @@ def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int, logpro
     events = [e for e in trace_events(prof) if e.get("cat") == "kernel"]
     per_family = collections.defaultdict(lambda: [0, 0.0])
     for e in events:
-        entry = per_family[_kernel_family(e["name"])]
+        entry = per_family[kernel_family(e["name"])]
         entry[0] += 1
         entry[1] += e["dur"]
     kernels = sorted(

@@ -8,6 +8,7 @@ Usage: python -m scripts.profile_prefill --config qwen3-4b --shapes 1x128 1x1024
 from __future__ import annotations
 
 import argparse
+import collections
 import cProfile
 import io
 import json
@@ -21,14 +22,14 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from qwen3_runtime import Runtime, SamplingParams
 from scripts.bench_prefill import GREEDY, one_step_ms, prompts_of
-from scripts.profile_decode import _kernel_family
+from scripts.profile_decode import kernel_family
 from scripts.profiling import trace_events
 from scripts.report import environment
 
 _WAITS = ("cudaStreamSynchronize", "cudaEventSynchronize", "cudaDeviceSynchronize")
 
 
-def step_timeline(trace: list[dict], step: str) -> dict:
+def prefill_timeline(trace: list[dict], step: str) -> dict:
     """µs from the step's start: the forward graph's launch, the wait's start and end, the step's end; and the
     GPU's busy µs within the step (kernels and copies, overlaps counted once) and its kernels by family."""
     mark = next(e for e in trace if e.get("name") == step and e.get("ph") == "X" and e.get("cat") == "user_annotation")
@@ -47,10 +48,10 @@ def step_timeline(trace: list[dict], step: str) -> dict:
         reach = max(reach, stop)
     launch = next((e["ts"] for e in runtime if "GraphLaunch" in e["name"]), None)
     waits = [e for e in runtime if e["name"] in _WAITS]
-    families: dict[str, float] = {}
+    families: dict[str, float] = collections.defaultdict(float)
     for e in gpu:
         if e.get("cat") == "kernel":
-            families[_kernel_family(e["name"])] = families.get(_kernel_family(e["name"]), 0.0) + e["dur"]
+            families[kernel_family(e["name"])] += e["dur"]
     return {
         "step_us": mark["dur"],
         "graph_launch_at_us": None if launch is None else launch - begin,
@@ -89,7 +90,7 @@ def profile_shape(rt: Runtime, prompts: int, tokens: int, params: SamplingParams
             with record_function(f"prefill_step_{i}"):
                 rt.step()
             torch.cuda.synchronize()
-        timelines.append(step_timeline(trace_events(prof), f"prefill_step_{i}"))
+        timelines.append(prefill_timeline(trace_events(prof), f"prefill_step_{i}"))
 
     profiler = cProfile.Profile()
     for _ in range(repeats):
