@@ -87,10 +87,10 @@ class Attention(nn.Module):
     ) -> torch.Tensor:
         """The output projection as [S, T, hidden] partial sums (ops/linear.py), for the next norm to add."""
         k_cache, v_cache = kv_cache
-        decode, invariant = not meta.is_prefill, meta.batch_invariant
+        invariant = meta.batch_invariant
         # qkv lets the attention inputs launch as it starts (their one-warp programs fit beside it), so they
         # read their staged inputs, and attention (and o_proj's preload) launches, while qkv streams.
-        qkv = linear(x, self.qkv_proj.weight, decode, dependents_early=True, invariant=invariant)
+        qkv = linear(x, self.qkv_proj.weight, dependents_early=True, invariant=invariant)
         q, k, v = attention_inputs(
             qkv,
             self.num_heads,
@@ -105,7 +105,7 @@ class Attention(nn.Module):
             meta.slot_mapping,
             invariant=invariant,
         )
-        preload = decode and preload_applies(x.shape[0], self.o_proj.weight)
+        preload = not meta.is_prefill and preload_applies(x.shape[0], self.o_proj.weight)
         if meta.is_prefill:
             out = attend_prefill(q, k, v, k_cache, v_cache, meta.prefill, self.scale, invariant)
         else:
@@ -123,7 +123,7 @@ class Attention(nn.Module):
         out = out.reshape(x.shape[0], -1)
         if preload:
             return preloaded_partials(out, self.o_proj.weight)
-        return linear_partials(out, self.o_proj.weight, decode, invariant=invariant)
+        return linear_partials(out, self.o_proj.weight, invariant=invariant)
 
 
 class MLP(nn.Module):
@@ -132,9 +132,9 @@ class MLP(nn.Module):
         self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
         self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
 
-    def forward(self, x: torch.Tensor, decode: bool, invariant: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """down_proj as [S, T, hidden] partial sums, like Attention's output."""
-        return mlp_partials(x, self.gate_up_proj.weight, self.down_proj.weight, decode, invariant)
+        return mlp_partials(x, self.gate_up_proj.weight, self.down_proj.weight, invariant)
 
 
 class DecoderLayer(nn.Module):
@@ -163,7 +163,7 @@ class DecoderLayer(nn.Module):
             x = self.input_layernorm(x, residual)
         x = self.self_attn(x, positions, rotary, kv_cache, meta)
         x = self.post_attention_layernorm(x, residual)
-        return self.mlp(x, decode=not meta.is_prefill, invariant=meta.batch_invariant), residual
+        return self.mlp(x, invariant=meta.batch_invariant), residual
 
 
 class Qwen3Model(nn.Module):

@@ -1,13 +1,14 @@
-"""Projections of a few rows (decode) as a Triton skinny GEMM: y = x @ W^T with W [N, K] row-major.
+"""Projections of a few rows (a decode step, a small prefill step) as a Triton skinny GEMM: y = x @ W^T with
+W [N, K] row-major.
 
-A decode step only streams weights, so what matters is keeping enough loads in flight on every
+A step of a few rows only streams weights, so what matters is keeping enough loads in flight on every
 SM; at a few rows this kernel comes closer to the copy bandwidth than cuBLAS (scripts/bench_kernels.py).
 cuBLAS is worst on the two with few output columns (o_proj and down_proj, N = hidden size), where too
 few tiles cover the GPU. There each program takes one of `splits` slices of K and writes an fp32
 partial sum; the partials are added by the next kernel, the residual add + RMSNorm (`add_rms_norm`),
 so the split costs no extra launch and no atomics.
-Larger batches and prefill go to cuBLAS: launched eagerly, a Triton kernel costs more host time
-than a cuBLAS call (decode hides that in its CUDA graph). With `invariant` (engine.batch_invariant) every
+More rows go to cuBLAS. Steps of few rows replay CUDA graphs, decode and prefill alike, which hide the
+Triton launches' host time (more than a cuBLAS call's). With `invariant` (engine.batch_invariant) every
 product goes to ops/invariant_linear.py instead, whose result for a row does not depend on the batch.
 """
 
@@ -193,8 +194,8 @@ def _launch(
     )
 
 
-def _skinny(x: torch.Tensor, decode: bool, invariant: bool, max_rows: int = SKINNY_MAX_ROWS) -> bool:
-    return decode and not invariant and use_triton(x) and 0 < x.shape[0] <= max_rows
+def _skinny(x: torch.Tensor, invariant: bool, max_rows: int = SKINNY_MAX_ROWS) -> bool:
+    return not invariant and use_triton(x) and 0 < x.shape[0] <= max_rows
 
 
 def _dense(x: torch.Tensor, weight: torch.Tensor, invariant: bool) -> torch.Tensor:
@@ -203,11 +204,11 @@ def _dense(x: torch.Tensor, weight: torch.Tensor, invariant: bool) -> torch.Tens
 
 
 def linear(
-    x: torch.Tensor, weight: torch.Tensor, decode: bool = True, dependents_early: bool = False, invariant: bool = False
+    x: torch.Tensor, weight: torch.Tensor, dependents_early: bool = False, invariant: bool = False
 ) -> torch.Tensor:
     """x [T, K] @ weight[N, K]^T -> [T, N] in x's dtype. dependents_early: let the next kernel launch as this
     one starts, not as it ends (qkv, before the attention inputs' one-warp programs: see model.py)."""
-    if not _skinny(x, decode, invariant):
+    if not _skinny(x, invariant):
         return _dense(x, weight, invariant)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
     _launch(x, weight, out, splits=1, prefetch_tiles=_prefetch_tiles(weight), dependents_early=dependents_early)
@@ -217,14 +218,13 @@ def linear(
 def gated_linear(
     x: torch.Tensor,
     gate_up_weight: torch.Tensor,
-    decode: bool = True,
     dependents_early: bool = False,
     invariant: bool = False,
 ) -> torch.Tensor:
     """silu(x @ W_gate^T) * (x @ W_up^T) for the fused weight [2I, K] (gate rows, then up rows) -> [T, I].
-    In the skinny kernel's epilogue, so decode launches no separate silu_mul. dependents_early: see
+    In the skinny kernel's epilogue, so a step of few rows launches no separate silu_mul. dependents_early: see
     mlp_partials."""
-    if not _skinny(x, decode, invariant):
+    if not _skinny(x, invariant):
         return silu_mul(_dense(x, gate_up_weight, invariant))
     out = torch.empty(x.shape[0], gate_up_weight.shape[0] // 2, dtype=x.dtype, device=x.device)
     _launch(
@@ -242,7 +242,6 @@ def gated_linear(
 def linear_partials(
     x: torch.Tensor,
     weight: torch.Tensor,
-    decode: bool = True,
     splits: int | None = None,
     launched_early: bool = False,
     invariant: bool = False,
@@ -254,7 +253,7 @@ def linear_partials(
     stages, faster than 4 equal slices (160 programs of 4 stages), which leave some SMs two programs.
     launched_early: the kernel before lets this one launch as it starts, so each program requests its
     slice's first weight tile of each row before its wait."""
-    if not _skinny(x, decode, invariant, PARTIALS_MAX_ROWS):
+    if not _skinny(x, invariant, PARTIALS_MAX_ROWS):
         return _dense(x, weight, invariant)[None]
     n, k = weight.shape
     if splits is None:
@@ -272,11 +271,10 @@ def mlp_partials(
     x: torch.Tensor,
     gate_up_weight: torch.Tensor,
     down_weight: torch.Tensor,
-    decode: bool = True,
     invariant: bool = False,
 ) -> torch.Tensor:
     """down_proj(silu(gate) * up) as [S, T, hidden] partial sums, like `linear_partials`; up to
     MLP_EARLY_ROWS rows down_proj launches as gate/up starts and requests its first weight tiles early."""
-    early = _skinny(x, decode, invariant) and x.shape[0] <= MLP_EARLY_ROWS
-    gated = gated_linear(x, gate_up_weight, decode, dependents_early=early, invariant=invariant)
-    return linear_partials(gated, down_weight, decode, launched_early=early, invariant=invariant)
+    early = _skinny(x, invariant) and x.shape[0] <= MLP_EARLY_ROWS
+    gated = gated_linear(x, gate_up_weight, dependents_early=early, invariant=invariant)
+    return linear_partials(gated, down_weight, launched_early=early, invariant=invariant)
