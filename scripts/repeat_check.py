@@ -3,6 +3,9 @@ difference that shows only now and then: every run of every mode must match the 
 (token ids and every logprob field; the host path's float64 logprobs in ids and ranks only), and the first
 differing fields are printed in full. Two more modes hunt for reads of memory nothing wrote: `poison` fills
 new allocations and the allocator's free blocks with NaN, `dirty` leaves random values in the free blocks.
+The prefix cache is off: every run repeats the same prompts, and a cached prompt's recomputed tail takes other
+products than its cold prefill (a step of other rows: cuBLAS picks its kernel by them), so its bits may
+rightly differ; what is hunted is a difference between runs of the same steps.
 
 Usage: python -m scripts.repeat_check --config qwen3-0.6b --repeats 15 --modes graph eager async host poison dirty
 """
@@ -76,7 +79,7 @@ def main() -> int:
             torch.use_deterministic_algorithms(mode == "poison", warn_only=True)
             torch.utils.deterministic.fill_uninitialized_memory = mode == "poison"
             fill_free_memory(MEMORY_MODES[mode])
-        rt = _gpu_runtime(args.config, **GPU_MODES.get(mode, GPU_MODES["async"]))
+        rt = _gpu_runtime(args.config, **GPU_MODES.get(mode, GPU_MODES["async"]), **{"engine.prefix_caching": False})
         exact = mode != "host"
         differing = 0
         for repeat in range(args.repeats):
