@@ -23,16 +23,19 @@ from qwen3_runtime.runner import GREEDY
 from scripts.profiling import finish_batch, profiled_runtime, start_batch, trace_events
 from scripts.report import environment
 
-LAYER = (
-    "input norm",
-    "qkv",
-    "attention inputs",
-    "attention",
-    "o_proj",
-    "post-attention norm",
-    "gate/up",
-    "down",
-)  # a layer's kernels, in launch order
+# Kernels known by name; the rest are projections, named by the kernel they follow (cuBLAS may add one of its own
+# to a projection, e.g. a split-K reduction: that one takes the projection's name and a "+").
+NAMED = {
+    "_attention_inputs_kernel": "attention inputs",
+    "_decode_attention_kernel": "attention",
+    "_silu_mul_kernel": "silu_mul",  # gate/up's SiLU where cuBLAS, not the skinny kernel, takes gate/up
+}
+FOLLOWING = {
+    "input norm": ("qkv",),
+    "attention": ("o_proj",),
+    "post-attention norm": ("gate/up", "down"),
+    "silu_mul": ("down",),
+}
 
 
 def critical_path(events: list[dict]) -> dict:
@@ -45,19 +48,33 @@ def critical_path(events: list[dict]) -> dict:
     names = [e["name"].split("(")[0][:40] for e in steps[0]]
     deltas = np.median([_end_deltas(s) for s in steps], axis=0)
     leads = np.median([_start_leads(s) for s in steps], axis=0)
-    first = names.index("_add_rms_norm_kernel")
-    layers = (len(names) - first) // len(LAYER)
-    middle = [slice(first + len(LAYER) * i, first + len(LAYER) * (i + 1)) for i in range(2, layers - 2)]
-    last = first + len(LAYER) * layers
+    norms = [i for i, name in enumerate(names) if name == "_add_rms_norm_kernel"]  # two a layer, then the final
+    first, layers, period = norms[0], (len(norms) - 1) // 2, norms[2] - norms[0]
+    roles = layer_roles(names[first : first + period])
+    middle = [slice(first + period * i, first + period * (i + 1)) for i in range(2, layers - 2)]
+    last = first + period * layers
     layer = np.mean([deltas[m] for m in middle], axis=0)
     layer_starts = np.mean([leads[m] for m in middle], axis=0)
     return {
-        "layer": [[role, names[first + k], float(layer[k])] for k, role in enumerate(LAYER)],
-        "layer_starts": [[role, float(layer_starts[k])] for k, role in enumerate(LAYER)],
+        "layer": [[role, names[first + k], float(layer[k])] for k, role in enumerate(roles)],
+        "layer_starts": [[role, float(layer_starts[k])] for k, role in enumerate(roles)],
         "head": [[names[i], float(deltas[i])] for i in range(first)],
         "tail": [[names[i], float(deltas[i])] for i in range(last, len(names))],
         "step_us": float(np.median([_ends(s)[-1] - s[0]["ts"] for s in steps])),
     }
+
+
+def layer_roles(names: list[str]) -> list[str]:
+    """A layer's kernels (their names, from the input norm on) by role."""
+    roles, norms, following = [], iter(("input norm", "post-attention norm")), ()
+    for name in names:
+        role = next(norms) if name == "_add_rms_norm_kernel" else NAMED.get(name)
+        if role is None:
+            role, following = (following[0], following[1:]) if following else (roles[-1] + " +", ())
+        else:
+            following = FOLLOWING.get(role, ())
+        roles.append(role)
+    return roles
 
 
 def _ends(step: list[dict]) -> np.ndarray:
