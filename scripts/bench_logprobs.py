@@ -101,9 +101,7 @@ def mixed(runtimes: dict[str, Runtime], prompt_len: int, max_tokens: int, repeat
 
 def prompt_logprobs(runtimes: dict[str, Runtime], length: int, repeats: int) -> list[dict]:
     """Prefill time of one prompt with and without prompt logprobs, alternating, after one warm-up each.
-    Three times `repeats` pairs: a prefill takes ~50 ms, and the difference measured (~1.4 ms on the H200)
-    is the size of one slow call (a median of 3 once read +2.6 ms, where 9 pairs on the same kind of
-    machine read 49.12 -> 50.49 ms)."""
+    Three times `repeats` pairs: the difference measured is about the size of one slow call."""
     rows = []
     for path, rt in runtimes.items():
         prompt = _prompts(rt, 1, length, 7)
@@ -172,7 +170,14 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     max_tokens, repeats = (64, 1) if args.quick else (256, args.repeats)
-    overrides = {"engine.max_model_len": 2048, "engine.max_num_seqs": 32, "engine.gpu_memory_utilization": 0.4}
+    # No prefix cache: the settings repeat the same prompts, and a hit would spare one setting's prefill but not
+    # another's (prompt logprobs recompute every position).
+    overrides = {
+        "engine.max_model_len": 2048,
+        "engine.max_num_seqs": 32,
+        "engine.gpu_memory_utilization": 0.4,
+        "engine.prefix_caching": False,
+    }
     runtimes = {
         path: Runtime.from_yaml(args.config, overrides={**overrides, "logprobs.path": path}) for path in args.paths
     }
