@@ -5,7 +5,8 @@ shapes    the engine's prefill step per prompts x tokens, against the compute fl
           and attention FLOPs at the rate of a large matmul), the weight-read floor (weight bytes at the copy
           bandwidth) and transformers' forward of the same batch (sdpa, logits of the last positions only);
 arrivals  Poisson arrivals through the Python API: TTFT, inter-token latency and TPOT for each prefill chunk
-          size (engine.max_num_batched_tokens), beside plain decode at the run's median decoding batch;
+          size (engine.max_num_batched_tokens), beside plain decode at the run's median decoding batch; with
+          --server the same requests through `qwen3-runtime serve` too, as bench_serve's streaming client sees them;
 prefix    a shared system prompt, requests one after another: TTFT of a prefix-cache hit against a miss;
 prompt    what prompt logprobs add to a prefill, against the lm_head product over the prompt alone (and what
           reading them from the output costs: it keeps them packed until then).
@@ -20,10 +21,11 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import statistics
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,6 +34,8 @@ import torch
 
 from qwen3_runtime import RequestOutput, Runtime, SamplingParams
 from qwen3_runtime.config import load_config, parse_override
+from scripts.bench_serve import BenchConfig, RequestSpec, benchmark
+from scripts.bench_serving import server
 from scripts.floors import prefill_flops, weight_bytes
 from scripts.hf_reference import random_hf_model
 from scripts.report import environment
@@ -44,10 +48,14 @@ TABLES = {  # the columns printed per part (the JSON has more)
     "shapes": ["shape", "ms", "compute_floor_ms", "weight_floor_ms", "vs_compute_floor", "vs_weight_floor", "hf_ms",
                "hf_vs_ours"],
     "arrivals": ["max_num_batched_tokens", "rate", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
-                 "itl_max_ms", "tpot_median_ms", "decode_batch_median", "offline_tpot_ms"],
+                 "itl_max_ms", "tpot_median_ms", "decode_batch_median", "offline_tpot_ms", "server_itl_p50_ms",
+                 "server_itl_p99_ms", "server_itl_max_ms", "server_tpot_median_ms"],
     "prefix": ["first_ttft_ms", "hit_ttft_ms", "miss_ttft_ms", "hit_vs_miss", "hit_rate"],
     "prompt": ["prompt_len", "plain_ms", "prompt_logprobs_ms", "extra_ms", "lm_head_ms", "extra_vs_lm_head", "read_ms"],
 }  # fmt: skip
+# The server's figures a row takes, as (our name, bench_serve's percentile, its metric): server_ttft_p50_ms, ...
+SERVED = [("ttft_p50", "p50", "ttft"), ("ttft_p99", "p99", "ttft"), ("itl_p50", "p50", "itl"), ("itl_p99", "p99", "itl"),
+          ("itl_max", "p100", "itl"), ("tpot_median", "median", "tpot")]  # fmt: skip
 
 
 @dataclass
@@ -195,23 +203,24 @@ def offline_tpot_ms(rt: Runtime, batch: int, prompt_len: int, max_tokens: int, r
 
 
 def arrivals_at(args: argparse.Namespace, chunk: int) -> list[dict]:
-    """A row per --rates at one chunk size, on a runtime of its own (warmed up by a few requests first)."""
+    """A row per --rates at one chunk size, on a runtime of its own (warmed up by a few requests first); with
+    --server, then the same requests through a server of the same config."""
     (p_lo, p_hi), (o_lo, o_hi) = args.prompt_range, args.output_range
-    rt = build(args, {
+    overrides = {
         "engine.max_num_batched_tokens": chunk,
         "engine.max_model_len": max(args.cfg.engine.max_model_len, p_hi + o_hi),
-    })  # fmt: skip
+    }
+    rt = build(args, overrides)
     rng = np.random.default_rng(args.seed)
     warm_up(rt, rng, [[p_lo], [p_lo + 1, p_hi - 3]])
-    rows = []
+    rows, workloads = [], []
     for rate in args.rates:
         at = np.concatenate([[0.0], np.cumsum(rng.exponential(1 / rate, args.num_requests - 1))])
         lengths = rng.integers(p_lo, p_hi + 1, args.num_requests).tolist()
         outputs = rng.integers(o_lo, o_hi + 1, args.num_requests).tolist()
+        workloads.append([RequestSpec(p, n) for p, n in zip(prompts_of(rng, rt.vocab_size, lengths), outputs)])
         preempted, start = rt.scheduler.num_preemptions, time.perf_counter()
-        due, stamps, batches = drive(
-            rt, [Arrival(*a) for a in zip(at, prompts_of(rng, rt.vocab_size, lengths), outputs)]
-        )
+        due, stamps, batches = drive(rt, [Arrival(t, w.prompt, w.output_len) for t, w in zip(at, workloads[-1])])
         row = {"max_num_batched_tokens": chunk, "rate": rate, "requests": args.num_requests}
         row |= {"duration_s": time.perf_counter() - start, "preemptions": rt.scheduler.num_preemptions - preempted}
         row |= latencies(due, stamps) | {"decode_batch_median": max(1, round(statistics.median(batches)))}
@@ -225,7 +234,36 @@ def arrivals_at(args: argparse.Namespace, chunk: int) -> list[dict]:
             f"ms vs {row['offline_tpot_ms']:.2f} ms offline at batch {row['decode_batch_median']}",
             flush=True,
         )
+    if args.server:
+        warm = [RequestSpec(p, o_lo) for p in prompts_of(rng, rt.vocab_size, [p_lo, p_lo + 1, p_hi - 3, p_hi])]
+        del rt
+        overrides = [*args.set, *(f"{k}={v}" for k, v in overrides.items())]
+        served(args, overrides, chunk, warm, zip(rows, workloads))
     return rows
+
+
+def served(
+    args: argparse.Namespace, overrides: list[str], chunk: int, warm: list[RequestSpec], runs: Iterable[tuple]
+) -> None:
+    """Each row's requests again, at its rate, through `qwen3-runtime serve` (the config with `overrides`; its log
+    beside prefill.json), after the `warm` requests (other prompts: the rows' own would hit the prefix cache), as
+    bench_serve's streaming client sees them; the figures join the row."""
+    release()
+    log = args.out / f"server_{chunk}.log"
+
+    def send(specs: list[RequestSpec], rate: float) -> dict:
+        cfg = BenchConfig(base_url=url, request_rate=rate, seed=args.seed, percentiles=[50, 99, 100])
+        seen = benchmark(cfg, specs)["metrics"]["all"]
+        if seen["failed"]:
+            raise RuntimeError(f"{seen['failed']} of {len(specs)} requests failed through the server (see {log})")
+        return seen
+
+    with server(args.config, "device", overrides, log) as url:
+        send(warm, math.inf)
+        for row, workload in runs:
+            seen = send(workload, row["rate"])
+            row |= {f"server_{k}_ms": seen[f"{p}_{m}_ms"] for k, p, m in SERVED}
+            row["server_tpot_vs_offline"] = row["server_tpot_median_ms"] / row["offline_tpot_ms"]
 
 
 def arrivals(args: argparse.Namespace) -> Iterator[dict]:
@@ -331,6 +369,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--num-requests", type=int, default=200, help="arrivals: per rate")
     p.add_argument("--prompt-range", type=int, nargs=2, default=[256, 1024], help="arrivals: uniform, inclusive")
     p.add_argument("--output-range", type=int, nargs=2, default=[64, 256], help="arrivals: uniform, inclusive")
+    p.add_argument(
+        "--server", action="store_true", help="arrivals: the same requests through `qwen3-runtime serve` as well"
+    )
     p.add_argument("--system-len", type=int, default=2000, help="prefix: shared prompt tokens")
     p.add_argument("--questions", type=int, default=32, help="prefix: requests")
     p.add_argument("--question-range", type=int, nargs=2, default=[20, 60], help="prefix: tokens after the shared")

@@ -24,7 +24,7 @@ import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import aiohttp
 import uvloop
@@ -240,14 +240,18 @@ async def _run_all(
     return list(await asyncio.gather(*tasks))
 
 
-def benchmark(cfg: BenchConfig) -> dict:
+def benchmark(cfg: BenchConfig, specs: list[RequestSpec] | None = None) -> dict:
     """run_benchmark on uvloop, as the server runs: the client's own cost per chunk must not be what it measures."""
-    return uvloop.run(run_benchmark(cfg))
+    return uvloop.run(run_benchmark(cfg, specs))
 
 
-async def run_benchmark(cfg: BenchConfig) -> dict:
-    """Warm up (not measured; any failure aborts, so a wrong URL fails fast), then run and summarize."""
-    specs = sample_requests(cfg)
+async def run_benchmark(cfg: BenchConfig, specs: list[RequestSpec] | None = None) -> dict:
+    """Warm up (not measured; any failure aborts, so a wrong URL fails fast), then run and summarize. `specs`: the
+    requests to send (a caller's own workload), instead of cfg's random dataset; cfg.num_prompts then follows them."""
+    if specs is None:
+        specs = sample_requests(cfg)
+    else:
+        cfg = replace(cfg, num_prompts=len(specs))
     connector = aiohttp.TCPConnector(limit=cfg.max_concurrency or 0)  # aiohttp's default 100 would cap concurrency
     timeout = aiohttp.ClientTimeout(total=cfg.timeout_s)
     async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:

@@ -3,7 +3,7 @@
 #   [QUICK=1] bash scripts/gpu_check.sh [tests] [repeat] [parity] [profile] [timeline] [decode] [kernels]
 #                                      [reduce] [lm_head] [logprobs] [sampling] [prefill] [prefill_e2e]
 #                                      [sampled] [arrivals] [serving] [soak] [soak_replay]
-#   (serving and soak need the server's wheels)
+#   (arrivals, serving and soak need the server's wheels)
 #   (default: all; QUICK=1: decode and logprobs with fewer tokens and repetitions, a few minutes)
 # Pass GIT_COMMIT=<sha> (the device machine has no .git) so results name their commit.
 set -uo pipefail
@@ -34,8 +34,8 @@ for step in $steps; do
     sampling) run python3 -m scripts.sampling_check --out "$OUT" ;;
     prefill) run python3 -m scripts.bench_prefill_attention --out "$OUT" ;;
     prefill_e2e) run python3 -m scripts.bench_prefill --config qwen3-4b ${QUICK:+--quick} --out "$OUT" ;;
-    arrivals) run python3 -m scripts.bench_prefill --config qwen3-4b --parts arrivals \
-                --set engine.max_num_batched_tokens=512 --chunk-sizes 256 1024 --out "$OUT/arrivals" ;;
+    arrivals) run python3 -m scripts.bench_prefill --config qwen3-4b --parts arrivals --server \
+                --set engine.max_num_batched_tokens=256 --chunk-sizes 512 --out "$OUT/arrivals" ;;
     serving) run python3 -m scripts.bench_serving --config qwen3-4b ${QUICK:+--quick} --out "$OUT/serving" ;;
     # The 10,000-request soak outlasts one device call: the load (its results kept on the machine's disk),
     # then, in the next call while the machine is warm, the offline replay and every check. Both run

@@ -80,3 +80,15 @@ def test_quick_and_bad_arguments():
     assert (args.repeats, args.num_requests, args.chunk_sizes) == (3, 40, [512])
     with pytest.raises(SystemExit):
         bench.parse_args([*ARGS, "--output-range", "1", "4"])
+
+
+def test_arrivals_through_the_server(tmp_path, monkeypatch):
+    """--server sends each rate's requests again through a real `qwen3-runtime serve` child: its figures join the
+    API's rows."""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # the child runs the kernels' references, as here
+    result = bench.main([*ARGS, "--parts", "arrivals", "--chunk-sizes", "--server", "--out", str(tmp_path)])
+    (row,) = result["arrivals"]["rows"]  # the config's chunk size alone
+    _positive(row, *(f"server_{name}_ms" for name, _, _ in bench.SERVED), "server_tpot_vs_offline")
+    assert row["server_itl_max_ms"] >= row["server_itl_p99_ms"] >= row["server_itl_p50_ms"]
+    assert row["server_ttft_p99_ms"] >= row["server_ttft_p50_ms"]
+    assert (tmp_path / f"server_{row['max_num_batched_tokens']}.log").stat().st_size > 0
