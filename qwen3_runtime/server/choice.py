@@ -3,7 +3,11 @@ with which piece of text.
 
 Stop strings: the output is cut before the first one, and the engine request is aborted (the caller's job when
 apply() returns True). While streaming, the last len(longest stop) - 1 characters are held back, since they may
-start a stop string the next token completes."""
+start a stop string the next token completes.
+
+Without stop strings every token goes out in the delta after it arrives, one whose text is not complete yet (part
+of a character's bytes) with empty text, as vLLM streams it: its logprobs are not delayed, and a client sees a
+chunk per token. With stop strings a token waits for its text, which a stop string may still cut."""
 
 from __future__ import annotations
 
@@ -60,8 +64,8 @@ class Choice:
         return min(found, default=None)
 
     def delta(self) -> tuple[str, list[int], list[TokenLogprob | None], list[int]]:
-        """The text not sent yet (less the held-back tail), and the tokens whose text starts in it:
-        (text, token ids, their logprobs, their offsets in the choice's text)."""
+        """The text not sent yet (less the held-back tail), and the tokens whose text starts in it (without stop
+        strings, every token not sent yet): (text, token ids, their logprobs, their offsets in the choice's text)."""
         end = len(self.text) if self.finished else max(self._sent_chars, len(self.text) - self.holdback)
         text = self.text[self._sent_chars : end]
         self._sent_chars = end
@@ -69,7 +73,10 @@ class Choice:
         first = last = self._sent_tokens
         stopped_early = self.finished and len(self.text) < self.detok.text_length
         while last < len(self.token_ids) and (
-            offsets[last] < end or (self.finished and not stopped_early) or self.finish_reason == "error"
+            offsets[last] < end
+            or not self.stops  # nothing is held back: a token whose text is still incomplete goes too
+            or (self.finished and not stopped_early)
+            or self.finish_reason == "error"
         ):
             last += 1
         self._sent_tokens = last

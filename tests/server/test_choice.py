@@ -51,3 +51,40 @@ def test_tokens_after_the_stop_are_dropped(tok):
     assert choice.apply(update(ids, "length"))
     text, kept, _, offsets = choice.delta()
     assert text == "a b" and tok.decode(kept) == "a b" and offsets == [0, 1][: len(kept)]
+
+
+def _byte_tokens(tok, text: str) -> list[int]:
+    """`text` as one single-byte token per UTF-8 byte: a character's first tokens complete no text."""
+    single = {tok.token_bytes(i): i for i in range(512) if len(tok.token_bytes(i)) == 1}
+    return [single[bytes([b])] for b in text.encode()]
+
+
+def test_without_stops_each_token_goes_out_before_its_character_completes(tok):
+    ids = _byte_tokens(tok, "a🙂")
+    choice = Choice(0, tok, [])
+    deltas = []
+    for t in ids:
+        choice.apply(update([t]))
+        deltas.append(choice.delta())
+    assert [d[1] for d in deltas] == [[t] for t in ids]  # a delta per token, as vLLM streams them
+    assert [d[0] for d in deltas] == ["a", "", "", "", "🙂"]
+    assert [d[3] for d in deltas] == [[0], [1], [1], [1], [1]]  # each at its character's start
+
+
+def test_with_stops_a_token_waits_for_its_text(tok):
+    """A stop string may still cut what an incomplete character's tokens would complete, so they wait."""
+    ids = _byte_tokens(tok, "a🙂")
+    choice = Choice(0, tok, ["x"])
+    deltas = []
+    for t in ids:
+        choice.apply(update([t]))
+        deltas.append(choice.delta())
+    assert [d[1] for d in deltas] == [ids[:1], [], [], [], ids[1:]]
+    assert "".join(d[0] for d in deltas) == "a🙂"
+
+    cut = Choice(0, tok, ["🙂"])  # the completing token makes the stop: none of the character's tokens goes out
+    for t in ids:
+        cut.apply(update([t]))
+        text, kept, _, _ = cut.delta()
+        assert kept == ([] if t != ids[0] else ids[:1]) and text == ("a" if t == ids[0] else "")
+    assert cut.finish_reason == "stop"
