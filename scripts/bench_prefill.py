@@ -35,7 +35,7 @@ import torch
 from qwen3_runtime import RequestOutput, Runtime, SamplingParams
 from qwen3_runtime.config import load_config, parse_override
 from scripts.bench_serve import BenchConfig, RequestSpec, benchmark
-from scripts.bench_serving import server
+from scripts.bench_serving import scrape, server, server_view
 from scripts.floors import prefill_flops, weight_bytes
 from scripts.hf_reference import random_hf_model
 from scripts.report import environment
@@ -48,8 +48,9 @@ TABLES = {  # the columns printed per part (the JSON has more)
     "shapes": ["shape", "ms", "compute_floor_ms", "weight_floor_ms", "vs_compute_floor", "vs_weight_floor", "hf_ms",
                "hf_vs_ours"],
     "arrivals": ["max_num_batched_tokens", "rate", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms",
-                 "itl_max_ms", "tpot_median_ms", "decode_batch_median", "offline_tpot_ms", "server_itl_p50_ms",
-                 "server_itl_p99_ms", "server_itl_max_ms", "server_tpot_median_ms"],
+                 "itl_max_ms", "tpot_median_ms", "decode_batch_median", "offline_tpot_ms", "ms_per_step",
+                 "server_itl_p50_ms", "server_itl_p99_ms", "server_itl_max_ms", "server_tpot_median_ms",
+                 "server_ms_per_step"],
     "prefix": ["first_ttft_ms", "hit_ttft_ms", "miss_ttft_ms", "hit_vs_miss", "hit_rate"],
     "prompt": ["prompt_len", "plain_ms", "prompt_logprobs_ms", "extra_ms", "lm_head_ms", "extra_vs_lm_head", "read_ms"],
 }  # fmt: skip
@@ -202,6 +203,10 @@ def offline_tpot_ms(rt: Runtime, batch: int, prompt_len: int, max_tokens: int, r
     return 1e3 * (window[-1] - window[0]) / (len(window) - 1)
 
 
+def engine_steps(rt: Runtime) -> int:
+    return rt.stats.decode_steps + rt.stats.prefill_steps
+
+
 def arrivals_at(args: argparse.Namespace, chunk: int) -> list[dict]:
     """A row per --rates at one chunk size, on a runtime of its own (warmed up by a few requests first); with
     --server, then the same requests through a server of the same config."""
@@ -219,10 +224,11 @@ def arrivals_at(args: argparse.Namespace, chunk: int) -> list[dict]:
         lengths = rng.integers(p_lo, p_hi + 1, args.num_requests).tolist()
         outputs = rng.integers(o_lo, o_hi + 1, args.num_requests).tolist()
         workloads.append([RequestSpec(p, n) for p, n in zip(prompts_of(rng, rt.vocab_size, lengths), outputs)])
-        preempted, start = rt.scheduler.num_preemptions, time.perf_counter()
+        preempted, steps, start = rt.scheduler.num_preemptions, engine_steps(rt), time.perf_counter()
         due, stamps, batches = drive(rt, [Arrival(t, w.prompt, w.output_len) for t, w in zip(at, workloads[-1])])
         row = {"max_num_batched_tokens": chunk, "rate": rate, "requests": args.num_requests}
         row |= {"duration_s": time.perf_counter() - start, "preemptions": rt.scheduler.num_preemptions - preempted}
+        row["ms_per_step"] = 1e3 * row["duration_s"] / (engine_steps(rt) - steps)
         row |= latencies(due, stamps) | {"decode_batch_median": max(1, round(statistics.median(batches)))}
         row["offline_tpot_ms"] = offline_tpot_ms(
             rt, row["decode_batch_median"], (p_lo + p_hi) // 2, (o_lo + o_hi) // 2, rng
@@ -261,8 +267,12 @@ def served(
     with server(args.config, "device", overrides, log) as url:
         send(warm, math.inf)
         for row, workload in runs:
+            before = scrape(url)
+            start = time.perf_counter()
             seen = send(workload, row["rate"])
+            engine = server_view(before, scrape(url), time.perf_counter() - start)
             row |= {f"server_{k}_ms": seen[f"{p}_{m}_ms"] for k, p, m in SERVED}
+            row["server_ms_per_step"] = engine["engine_ms_per_step"]
             row["server_tpot_vs_offline"] = row["server_tpot_median_ms"] / row["offline_tpot_ms"]
 
 

@@ -52,7 +52,9 @@ def test_every_part_writes_finite_figures(tmp_path, capsys):
     rows = result["arrivals"]["rows"]
     assert [row["max_num_batched_tokens"] for row in rows] == [1024, 16]  # the config's, then --chunk-sizes
     for row in rows:
-        _positive(row, "ttft_p50_ms", "itl_p50_ms", "tpot_median_ms", "offline_tpot_ms", "tpot_vs_offline")
+        _positive(
+            row, "ttft_p50_ms", "itl_p50_ms", "tpot_median_ms", "offline_tpot_ms", "tpot_vs_offline", "ms_per_step"
+        )
         assert row["ttft_p99_ms"] >= row["ttft_p50_ms"] and row["itl_max_ms"] >= row["itl_p99_ms"]
         assert row["decode_batch_median"] >= 1 and row["requests"] == 4
 
@@ -89,6 +91,7 @@ def test_arrivals_through_the_server(tmp_path, monkeypatch):
     result = bench.main([*ARGS, "--parts", "arrivals", "--chunk-sizes", "--server", "--out", str(tmp_path)])
     (row,) = result["arrivals"]["rows"]  # the config's chunk size alone
     _positive(row, *(f"server_{name}_ms" for name, _, _ in bench.SERVED), "server_tpot_vs_offline")
+    _positive(row, "ms_per_step", "server_ms_per_step")
     assert row["server_itl_max_ms"] >= row["server_itl_p99_ms"] >= row["server_itl_p50_ms"]
     assert row["server_ttft_p99_ms"] >= row["server_ttft_p50_ms"]
     assert (tmp_path / f"server_{row['max_num_batched_tokens']}.log").stat().st_size > 0
