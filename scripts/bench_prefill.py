@@ -26,7 +26,6 @@ import statistics
 import time
 from collections import deque
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -57,13 +56,6 @@ TABLES = {  # the columns printed per part (the JSON has more)
 # The server's figures a row takes, as (our name, bench_serve's percentile, its metric): server_ttft_p50_ms, ...
 SERVED = [("ttft_p50", "p50", "ttft"), ("ttft_p99", "p99", "ttft"), ("itl_p50", "p50", "itl"), ("itl_p99", "p99", "itl"),
           ("itl_max", "p100", "itl"), ("tpot_median", "median", "tpot")]  # fmt: skip
-
-
-@dataclass
-class Arrival:
-    at: float  # seconds after the run's start
-    prompt: list[int]
-    max_tokens: int
 
 
 def build(args: argparse.Namespace, overrides: dict) -> Runtime:
@@ -154,7 +146,7 @@ def shapes(args: argparse.Namespace) -> Iterator[dict]:
         yield part
 
 
-def drive(rt: Runtime, arrivals: list[Arrival]) -> tuple[dict[int, float], dict[int, list[float]], list[int]]:
+def drive(rt: Runtime, arrivals: list[RequestSpec]) -> tuple[dict[int, float], dict[int, list[float]], list[int]]:
     """One thread: add the requests whose time has come, step, stamp each streamed token with perf_counter()
     as the step that read it returns. Returns each request's scheduled arrival (TTFT counts from it, so a
     request added late counts as waiting), its tokens' stamps, and each decode step's batch (its rows read)."""
@@ -165,7 +157,7 @@ def drive(rt: Runtime, arrivals: list[Arrival]) -> tuple[dict[int, float], dict[
     while queue or rt.has_unfinished():
         while queue and start + queue[0].at <= time.perf_counter():
             a = queue.popleft()
-            rid = rt.add_request(a.prompt, SamplingParams(max_tokens=a.max_tokens, **GREEDY), stream=True)
+            rid = rt.add_request(a.prompt, SamplingParams(max_tokens=a.output_len, **GREEDY), stream=True)
             due[rid], stamps[rid] = start + a.at, []
         if not rt.has_unfinished():
             time.sleep(max(0.0, start + queue[0].at - time.perf_counter()))
@@ -196,7 +188,7 @@ def offline_tpot_ms(rt: Runtime, batch: int, prompt_len: int, max_tokens: int, r
     reads the last first token (the batch's prefill, chunked or not, is left out) to the first request's end.
     Each request asks for one more token per prefill step, so that window holds max_tokens steps."""
     max_tokens += -(-batch * prompt_len // rt.config.engine.max_num_batched_tokens)
-    arrivals = [Arrival(0.0, p, max_tokens) for p in prompts_of(rng, rt.vocab_size, [prompt_len] * batch)]
+    arrivals = [RequestSpec(p, max_tokens, 0.0) for p in prompts_of(rng, rt.vocab_size, [prompt_len] * batch)]
     _, stamps, _ = drive(rt, arrivals)
     end = min(s[-1] for s in stamps.values())
     window = [t for t in max(stamps.values(), key=lambda s: s[0]) if t <= end]  # the last one prefilled
@@ -223,9 +215,9 @@ def arrivals_at(args: argparse.Namespace, chunk: int) -> list[dict]:
         at = np.concatenate([[0.0], np.cumsum(rng.exponential(1 / rate, args.num_requests - 1))])
         lengths = rng.integers(p_lo, p_hi + 1, args.num_requests).tolist()
         outputs = rng.integers(o_lo, o_hi + 1, args.num_requests).tolist()
-        workloads.append([RequestSpec(p, n) for p, n in zip(prompts_of(rng, rt.vocab_size, lengths), outputs)])
+        workloads.append([RequestSpec(*w) for w in zip(prompts_of(rng, rt.vocab_size, lengths), outputs, at)])
         preempted, steps, start = rt.scheduler.num_preemptions, engine_steps(rt), time.perf_counter()
-        due, stamps, batches = drive(rt, [Arrival(t, w.prompt, w.output_len) for t, w in zip(at, workloads[-1])])
+        due, stamps, batches = drive(rt, workloads[-1])
         row = {"max_num_batched_tokens": chunk, "rate": rate, "requests": args.num_requests}
         row |= {"duration_s": time.perf_counter() - start, "preemptions": rt.scheduler.num_preemptions - preempted}
         row["ms_per_step"] = 1e3 * row["duration_s"] / (engine_steps(rt) - steps)
@@ -251,8 +243,8 @@ def arrivals_at(args: argparse.Namespace, chunk: int) -> list[dict]:
 def served(
     args: argparse.Namespace, overrides: list[str], chunk: int, warm: list[RequestSpec], runs: Iterable[tuple]
 ) -> None:
-    """Each row's requests again, at its rate, through `qwen3-runtime serve` (the config with `overrides`; its log
-    beside prefill.json), after the `warm` requests (other prompts: the rows' own would hit the prefix cache), as
+    """Each row's requests again, at the same times, through `qwen3-runtime serve` (the config with `overrides`; its
+    log beside prefill.json), after the `warm` requests (other prompts: the rows' own would hit the prefix cache), as
     bench_serve's streaming client sees them; the figures join the row."""
     release()
     log = args.out / f"server_{chunk}.log"

@@ -67,6 +67,7 @@ class BenchConfig:
 class RequestSpec:
     prompt: list[int]
     output_len: int
+    at: float | None = None  # when to send it, in seconds from the run's start (a caller's own arrivals)
 
 
 @dataclass
@@ -106,12 +107,16 @@ def sample_requests(cfg: BenchConfig) -> list[RequestSpec]:
     ]
 
 
-async def arrivals(count: int, rate: float, seed: int) -> AsyncIterator[int]:
-    """Request indices at a Poisson rate (exponential gaps), or all at once when the rate is infinite."""
+async def arrivals(specs: list[RequestSpec], rate: float, seed: int) -> AsyncIterator[int]:
+    """Request indices at the specs' own times when they have them, else at a Poisson rate (exponential gaps), or
+    all at once when the rate is infinite."""
     rng = random.Random(seed + 1)  # its own stream: changing the rate leaves the prompts alone
-    for index in range(count):
+    start = time.perf_counter()
+    for index, spec in enumerate(specs):
+        if spec.at is not None:
+            await asyncio.sleep(max(0.0, start + spec.at - time.perf_counter()))
         yield index
-        if math.isfinite(rate) and index + 1 < count:
+        if spec.at is None and math.isfinite(rate) and index + 1 < len(specs):
             await asyncio.sleep(rng.expovariate(rate))
 
 
@@ -236,7 +241,7 @@ async def _run_all(
         async with pool.slot() as slot:
             return await send_request(session, cfg, specs[index], wants_logprobs(cfg, index, slot), t0)
 
-    tasks = [asyncio.create_task(one(index)) async for index in arrivals(len(specs), rate, cfg.seed)]
+    tasks = [asyncio.create_task(one(index)) async for index in arrivals(specs, rate, cfg.seed)]
     return list(await asyncio.gather(*tasks))
 
 
@@ -258,7 +263,7 @@ async def run_benchmark(cfg: BenchConfig, specs: list[RequestSpec] | None = None
         if cfg.model is None:
             cfg.model = await fetch_model(session, cfg)
         if cfg.warmup:
-            warm = [specs[i % len(specs)] for i in range(cfg.warmup)]
+            warm = [replace(specs[i % len(specs)], at=None) for i in range(cfg.warmup)]  # all at once
             failed = [r.error for r in await _run_all(session, cfg, warm, SlotPool(cfg.max_concurrency), math.inf)]
             if any(failed):
                 raise RuntimeError(f"warmup request failed: {next(e for e in failed if e)}")

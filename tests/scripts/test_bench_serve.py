@@ -170,6 +170,27 @@ def test_poisson_arrivals_follow_the_seeded_gaps():
     assert report["config"]["max_concurrency"] is None
 
 
+def test_a_callers_requests_go_at_their_own_times():
+    """Given specs with times, those requests (not cfg's random dataset) are sent at those times, whatever the rate;
+    the warm-up sends them at once."""
+    times = [0.0, 0.05, 0.06, 0.2]
+    specs = [bench.RequestSpec([1, 2, 3][: i + 1], 2 + i, at) for i, at in enumerate(times)]
+
+    async def scenario():
+        async with fake_server() as (url, state):
+            cfg = _config(url, request_rate=1000.0, max_concurrency=None, warmup=2)
+            return await bench.run_benchmark(cfg, specs), state
+
+    report, state = asyncio.run(scenario())
+    assert report["config"]["num_prompts"] == 4 and report["metrics"]["all"]["completed"] == 4
+    assert [r["prompt_len"] for r in report["requests"]] == [1, 2, 3, 3]
+    assert [r["output_tokens"] for r in report["requests"]] == [2, 3, 4, 5]
+    starts = [r["start"] for r in report["requests"]]
+    for start, at in zip(starts, times):
+        assert at - 1e-3 <= start < at + 0.1
+    assert [b["prompt"] for b in state.bodies[:2]] == [[1], [1, 2]]  # the warm-up: the first specs
+
+
 def test_failures_are_counted_with_their_messages():
     async def scenario():
         async with fake_server(fail_every=5) as (url, state):
