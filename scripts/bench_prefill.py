@@ -6,7 +6,8 @@ shapes    the engine's prefill step per prompts x tokens, against the compute fl
           bandwidth) and transformers' forward of the same batch (sdpa, logits of the last positions only);
 arrivals  Poisson arrivals through the Python API: TTFT, inter-token latency and TPOT for each prefill chunk
           size (engine.max_num_batched_tokens), beside plain decode at the run's median decoding batch; with
-          --server the same requests through `qwen3-runtime serve` too, as bench_serve's streaming client sees them;
+          --server the same requests at the same times through `qwen3-runtime serve` too, as bench_serve's
+          streaming client sees them;
 prefix    a shared system prompt, requests one after another: TTFT of a prefix-cache hit against a miss;
 prompt    what prompt logprobs add to a prefill, against the lm_head product over the prompt alone (and what
           reading them from the output costs: it keeps them packed until then).
@@ -21,7 +22,6 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import math
 import statistics
 import time
 from collections import deque
@@ -249,19 +249,19 @@ def served(
     release()
     log = args.out / f"server_{chunk}.log"
 
-    def send(specs: list[RequestSpec], rate: float) -> dict:
-        cfg = BenchConfig(base_url=url, request_rate=rate, seed=args.seed, percentiles=[50, 99, 100])
-        seen = benchmark(cfg, specs)["metrics"]["all"]
+    def send(specs: list[RequestSpec]) -> dict:
+        """The specs at their own times, or all at once."""
+        seen = benchmark(BenchConfig(base_url=url, seed=args.seed, percentiles=[50, 99, 100]), specs)["metrics"]["all"]
         if seen["failed"]:
             raise RuntimeError(f"{seen['failed']} of {len(specs)} requests failed through the server (see {log})")
         return seen
 
     with server(args.config, "device", overrides, log) as url:
-        send(warm, math.inf)
+        send(warm)
         for row, workload in runs:
             before = scrape(url)
             start = time.perf_counter()
-            seen = send(workload, row["rate"])
+            seen = send(workload)
             engine = server_view(before, scrape(url), time.perf_counter() - start)
             row |= {f"server_{k}_ms": seen[f"{p}_{m}_ms"] for k, p, m in SERVED}
             row["server_ms_per_step"] = engine["engine_ms_per_step"]
