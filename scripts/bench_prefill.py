@@ -248,24 +248,24 @@ def served(
     bench_serve's streaming client sees them; the figures join the row."""
     release()
     log = args.out / f"server_{chunk}.log"
-
-    def send(specs: list[RequestSpec]) -> dict:
-        """The specs at their own times, or all at once."""
-        seen = benchmark(BenchConfig(base_url=url, seed=args.seed, percentiles=[50, 99, 100]), specs)["metrics"]["all"]
-        if seen["failed"]:
-            raise RuntimeError(f"{seen['failed']} of {len(specs)} requests failed through the server (see {log})")
-        return seen
-
     with server(args.config, "device", overrides, log) as url:
-        send(warm)
+        send(url, warm, args.seed, log)
         for row, workload in runs:
             before = scrape(url)
             start = time.perf_counter()
-            seen = send(workload)
+            seen = send(url, workload, args.seed, log)
             engine = server_view(before, scrape(url), time.perf_counter() - start)
             row |= {f"server_{k}_ms": seen[f"{p}_{m}_ms"] for k, p, m in SERVED}
             row["server_ms_per_step"] = engine["engine_ms_per_step"]
             row["server_tpot_vs_offline"] = row["server_tpot_median_ms"] / row["offline_tpot_ms"]
+
+
+def send(url: str, specs: list[RequestSpec], seed: int, log: Path) -> dict:
+    """bench_serve's figures for the specs sent at their own times (or all at once); any failure raises."""
+    seen = benchmark(BenchConfig(base_url=url, seed=seed, percentiles=[50, 99, 100]), specs)["metrics"]["all"]
+    if seen["failed"]:
+        raise RuntimeError(f"{seen['failed']} of {len(specs)} requests failed through the server (see {log})")
+    return seen
 
 
 def arrivals(args: argparse.Namespace) -> Iterator[dict]:
