@@ -77,8 +77,9 @@ class EngineConfig:
     device: str = "auto"
     max_model_len: int = field(default=4096, metadata=_range(2))
     max_num_seqs: int = field(default=64, metadata=_range(1))
-    # Prompt tokens prefilled in one step: a longer prompt is prefilled in chunks over several steps, and the
-    # decoding requests ride in those steps (a token each, not counted here), so this bounds their stall too.
+    # Tokens of one step, as vLLM counts them: the decoding requests riding in a prefill step (a token each) and
+    # prompt chunks in the rest, so a longer prompt is prefilled over several steps and this bounds the decoding
+    # requests' stall. Admission within it keeps at most this many requests running.
     max_num_batched_tokens: int = field(default=8192, metadata=_range(1))
     block_size: int = field(default=16, metadata=_range(1))
     # None: enough for max_num_seqs full-length sequences, capped by gpu_memory_utilization of the free memory less
@@ -93,7 +94,7 @@ class EngineConfig:
     # steps of 16 tokens up to 256, of 64 up to 1024, then of 256; longer ones run eagerly, where the GPU's time
     # hides the host's.
     prefill_graph_max_tokens: int = field(default=2048, metadata=_range(1))
-    # Launch each decode step before reading the one before, so the host's work overlaps the GPU's; a
+    # Launch each step (decode or prefill) before reading the one before, so the host's work overlaps the GPU's; a
     # request that stops on a token costs one discarded row in the step after.
     async_scheduling: bool = True
     # Reuse the KV of full blocks whose tokens (and all tokens before them) an earlier request computed.

@@ -2,13 +2,13 @@
 measured before the KV cache is sized, so that the cache leaves room for it (vLLM's profile run).
 
 Two steps run eagerly on a scratch KV cache of one full-length sequence's blocks: a prefill of every token the
-step budget allows (prompts of up to max_model_len - 1 tokens, the rest of max_num_seqs as one-token rows),
-every prompt asking the largest prompt logprobs and every row the largest processed logprobs, with top-p alone
-and penalties (the sort of the processed values, which those rows' logprobs need, the penalties' pass and the
-prompt-logprobs chunk of logits); then a decode step of max_num_seqs such rows. Their peaks bound what is held
-later: the decode graphs' pool (one decode step's temporaries), the prefill graphs' pool and an eager prefill's
-temporaries (at most one full prefill each). What a graph returns is held once per graph, so the decode step
-returns its static logits buffer."""
+step budget allows over as many requests as it can hold (prompts of up to max_model_len - 1 tokens, the rest
+one-token rows, as decoding rows ride), every prompt asking the largest prompt logprobs and every row the
+largest processed logprobs, with top-p alone and penalties (the sort of the processed values, which those
+rows' logprobs need, the penalties' pass and the prompt-logprobs chunk of logits); then a decode step of
+max_num_seqs such rows. Their peaks bound what is held later: the decode graphs' pool (one decode step's
+temporaries), the prefill graphs' pool and an eager prefill's temporaries (at most one full prefill each). What
+a graph returns is held once per graph, so the decode step returns its static logits buffer."""
 
 from __future__ import annotations
 
@@ -40,11 +40,10 @@ def worst_step_bytes(runner: ModelRunner, config: Config, dtype: torch.dtype) ->
         prompt_logprobs=None if on_host else k, repetition_penalty=1.1,
     )  # fmt: skip
     table = list(range(num_blocks))
-    prompts, budget = [], engine.max_num_batched_tokens
-    while budget > 0 and len(prompts) < engine.max_num_seqs:
-        prompts.append(min(budget, engine.max_model_len - 1))
-        budget -= prompts[-1]
-    lengths = prompts + [1] * (engine.max_num_seqs - len(prompts))
+    rows, budget, lengths = min(engine.max_num_seqs, engine.max_num_batched_tokens), engine.max_num_batched_tokens, []
+    while len(lengths) < rows:
+        lengths.append(min(budget - (rows - len(lengths) - 1), engine.max_model_len - 1))
+        budget -= lengths[-1]
     prefill = [_request(-1 - i, [0] * n, params, table) for i, n in enumerate(lengths)]
     decode = [_request(-1 - len(lengths) - i, [0, 0], params, table) for i in range(engine.max_num_seqs)]
     peaks = []

@@ -3,9 +3,10 @@
 Decode: stage the rows into static buffers, replay the bucket's CUDA graph (model -> lm_head ->
 penalties -> sampling -> logprobs reduction -> packing), copy the packed rows out; `collect` waits once. With async
 scheduling the next step is launched before that wait, its input ids read on the device from the step
-in flight. Prefill: a forward over chunks of prompts (each attending to its request's cached KV), replayed
-from the CUDA graph of its token bucket, then (eagerly) prompt logprobs of the positions computed and the same
-sampling, reduction and packing for each prompt's last position.
+in flight. Prefill: a forward over chunks of prompts (each attending to its request's cached KV) and the
+decoding rows riding along, replayed from the CUDA graph of its token bucket, then (eagerly) prompt logprobs of
+the positions computed and the same sampling, reduction and packing for each prompt's last position; it is
+launched, and may stay in flight, as a decode step is.
 """
 
 from __future__ import annotations
@@ -80,7 +81,7 @@ class ModelRunner:
         self.stats = RunnerStats()
         max_blocks = cdiv(engine.max_model_len, engine.block_size)
         self.stager = InputStager(max_rows, max_blocks, engine.block_size, self.device, self._request_row)
-        max_tokens = engine.max_num_batched_tokens + max_rows  # prompt chunks and the decoding rows riding along
+        max_tokens = engine.max_num_batched_tokens  # prompt chunks and the decoding rows riding along
         self.prefill_stager = PrefillStager(
             max_tokens, max_rows, max_blocks, engine.block_size, self.group_size, self.device
         )
@@ -120,30 +121,32 @@ class ModelRunner:
                 self.prefill_graphs.capture()
             self.stats.capture_s = time.perf_counter() - start
 
-    def overlappable(self, reqs: list[Request]) -> bool:
-        """Whether a step over `reqs` may stay in flight while the next one runs (async scheduling): not
-        when a row takes the host logprobs path, which reads the step's logits after the wait (the next
-        step reuses them)."""
-        return self.async_scheduling and not any(self.routing.on_host(req.params.logprobs) for req in reqs)
+    def overlappable(self, step: StepInFlight) -> bool:
+        """Whether a launched step may stay in flight while the next one runs (async scheduling): not when a
+        row takes the host logprobs path, which reads the step's logits after the wait, nor with prompt
+        logprobs, unpacked from one prefill-wide buffer after the wait (the next step reuses either)."""
+        on_host = any(self.routing.on_host(req.params.logprobs) for req in step.reqs)
+        return self.async_scheduling and not on_host and not step.prompt_logprob_spans
 
     @torch.inference_mode()
     def launch_decode(self, reqs: list[Request], previous: StepInFlight | None = None) -> StepInFlight:
         """Stage and run a decode step without waiting for it. A request also in `previous` (the step in
         flight) takes as input the token that step samples for it, read on the device."""
-        previous_rows = {req.request_id: row for row, req in enumerate(previous.reqs)} if previous else {}
         padded_rows = self.graphs.padded_size(len(reqs))
-        self.stager.stage(reqs, padded_rows, [previous_rows.get(req.request_id, -1) for req in reqs])
+        self.stager.stage(reqs, padded_rows, _previous_rows(reqs, previous))
         _, lp_logits = self.graphs.run(len(reqs), (_variant(reqs, self.logprobs_mode), _penalized(reqs)))
         self.stats.decode_steps += 1
         return self._copy_out(reqs, lp_logits)
 
     @torch.inference_mode()
-    def prefill(self, chunks: list[PrefillChunk]) -> StepInFlight:
+    def prefill(self, chunks: list[PrefillChunk], previous: StepInFlight | None = None) -> StepInFlight:
         """Chunks of prompts (or of a preempted request's tokens, or a decoding request's last token) in one pass,
         each attending to the KV its request has in the cache; samples the next token of each request whose last
-        chunk this is."""
+        chunk this is, without waiting. A decoding request also in `previous` (the step in flight) takes as
+        input the token that step samples for it, read on the device."""
         rows = np.cumsum([0] + [chunk.num_tokens for chunk in chunks])  # each chunk's first row of the forward
-        self.prefill_stager.stage(chunks, self.prefill_graphs.padded_size(int(rows[-1])))
+        prev_rows = _previous_rows([c.req for c in chunks], previous)
+        self.prefill_stager.stage(chunks, self.prefill_graphs.padded_size(int(rows[-1])), prev_rows)
         _, hidden = self.prefill_graphs.run(int(rows[-1]))
         spans = [ScoredSpan.of_chunk(c.req, row, c.start, c.end) for c, row in zip(chunks, rows)]
         last = [(c.req, row + c.num_tokens - 1) for c, row in zip(chunks, rows) if c.is_last]
@@ -185,10 +188,10 @@ class ModelRunner:
 
     def _prefill_forward(self, padded_tokens: int, _: None) -> torch.Tensor:
         """The prefill forward over the staged chunks, captured per token bucket: final hidden states."""
-        input_ids, positions, slots = self.prefill_stager.token_inputs(padded_tokens)
+        input_ids, positions, slots, prev_rows = self.prefill_stager.token_inputs(padded_tokens)
         plan = self.prefill_stager.plan(padded_tokens)
         meta = AttentionMetadata(slot_mapping=slots, prefill=plan, batch_invariant=self.batch_invariant)
-        return self.model(input_ids, positions, self.kv_cache, meta)
+        return self.model(input_ids, positions, self.kv_cache, meta, self._fed_from(prev_rows))
 
     def _prefill_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden, invariant=self.batch_invariant)
@@ -206,11 +209,14 @@ class ModelRunner:
             num_splits=default_num_splits(padded_rows, kv_heads, self.max_model_len, num_sms(self.device)),
             split_arrivals=self.split_arrivals[rows],
         )
-        # With async scheduling, rows fed by the step in flight read its sampled token (column 0).
-        fed_from = (inp.prev_row[rows], self.outputs.latest[:, 0]) if self.async_scheduling else None
+        fed_from = self._fed_from(inp.prev_row[rows])
         hidden = self.model(inp.input_ids[rows], inp.positions[rows], self.kv_cache, meta, fed_from)
         logits = self.model.compute_logits(hidden, out=self.logits[:padded_rows])
         return self._sample_and_reduce(logits, padded_rows, variant, penalized)
+
+    def _fed_from(self, prev_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """With async scheduling, rows fed by the step in flight read its sampled token (column 0 of `latest`)."""
+        return (prev_rows, self.outputs.latest[:, 0]) if self.async_scheduling else None
 
     def _sample_and_reduce(self, logits: torch.Tensor, rows: int, variant: str, penalized: bool) -> torch.Tensor:
         """Penalize, sample, reduce the rows that asked for logprobs, pack it all into `latest`'s first `rows`,
@@ -258,6 +264,12 @@ class ModelRunner:
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(self.device, non_blocking=True)
+
+
+def _previous_rows(reqs: list[Request], previous: StepInFlight | None) -> list[int]:
+    """Each request's row in the step in flight (whose sampled token is its input), or -1."""
+    rows = {req.request_id: row for row, req in enumerate(previous.reqs)} if previous else {}
+    return [rows.get(req.request_id, -1) for req in reqs]
 
 
 def _penalized(reqs: list[Request]) -> bool:

@@ -22,7 +22,7 @@ from qwen3_runtime.packing import build_latest
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate, Status
 from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
-from qwen3_runtime.scheduler import PrefillChunk, Scheduler
+from qwen3_runtime.scheduler import Scheduler
 from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.tokenizer import Tokenizer, load_tokenizer
 from qwen3_runtime.validation import plain_token_ids
@@ -124,39 +124,34 @@ class Runtime:
     def step(self) -> list[RequestOutput]:
         """Schedule, run, process: one prefill or decode batch; returns the requests that finished.
 
-        With async scheduling a decode step stays in flight: the next call launches the step after it
-        (whose input tokens the device reads from the step in flight) before processing it, or, when a prefill
-        is due, only processes it."""
+        With async scheduling a step stays in flight: the next call launches the step after it (whose
+        decoding rows' input tokens the device reads from the step in flight) before processing it, so the
+        host schedules and stages while the GPU runs, and the tokens of the step in flight go out while the
+        next one runs, a prefill step too."""
         previous, self._in_flight = self._in_flight, None
         finished, self._aborted = self._aborted, []
-        if previous is not None and self.scheduler.prefill_due():
-            # A prefill runs when nothing is in flight, in the next call: the tokens of the step in flight go out
-            # now, not a prefill step later.
-            return finished + self._process(previous)
-        reqs, is_prefill = self._schedule(previous)
+        reqs, is_prefill = self.scheduler.schedule(finishing=self._ending(previous))
         launched = None
         if reqs:
-            launched = self.runner.prefill(reqs) if is_prefill else self.runner.launch_decode(reqs, previous)
+            run = self.runner.prefill if is_prefill else self.runner.launch_decode
+            launched = run(reqs, previous)
         if previous is not None:
             finished += self._process(previous)
-        if launched is not None and not is_prefill and self.runner.overlappable(reqs):
+        if launched is not None and self.runner.overlappable(launched):
             self._in_flight = launched
         elif launched is not None:
             finished += self._process(launched)
         return finished
 
-    def _schedule(self, previous: StepInFlight | None) -> tuple[list[PrefillChunk] | list[Request], bool]:
-        """The next batch and whether it is a prefill. While a step is in flight, only a decode batch that
-        may overlap it is launched."""
+    def _ending(self, previous: StepInFlight | None) -> frozenset[int]:
+        """Ids of the requests the step in flight brings to their length: they take no row after it."""
         if previous is None:
-            return self.scheduler.schedule()
-        ending = frozenset(
+            return frozenset()
+        return frozenset(
             req.request_id
             for req, slot in zip(previous.reqs, previous.output_slots)
             if self._reaches_length(req, produced=slot + 1)
         )
-        reqs = self.scheduler.decode_batch(finishing=ending)
-        return (reqs if self.runner.overlappable(reqs) else []), False
 
     def _process(self, step: StepInFlight) -> list[RequestOutput]:
         """Read a launched step: each request's token and logprobs, and the requests that end with them."""

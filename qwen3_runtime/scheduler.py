@@ -1,6 +1,6 @@
-"""Continuous batching with chunked prefill: admit prompts while KV blocks allow, prefill them in chunks of at
-most `max_num_batched_tokens` tokens a step, the running requests decoding in the same step (each a one-token
-chunk), decode alone when no prompt is pending, preempt when blocks run out."""
+"""Continuous batching with chunked prefill: admit prompts while KV blocks allow, prefill them in chunks, the
+running requests decoding in the same step (each a one-token chunk) within `max_num_batched_tokens` tokens a step
+in all (as vLLM counts them), decode alone when no prompt is pending, preempt when blocks run out."""
 
 from __future__ import annotations
 
@@ -45,23 +45,26 @@ class Scheduler:
     def has_work(self) -> bool:
         return bool(self.waiting or self.prefilling or self.running)
 
-    def schedule(self) -> tuple[list[PrefillChunk] | list[Request], bool]:
+    def schedule(self, finishing: frozenset[int] = frozenset()) -> tuple[list[PrefillChunk] | list[Request], bool]:
         """The next batch and whether it is a prefill. While prompts are pending, the running requests decode
-        inside the prefill step (a mixed batch, as vLLM's), so none waits for more than one step of at most
-        max_num_batched_tokens prompt tokens between two of its tokens; otherwise a decode step. With
-        batch_invariant every step is a prefill step, so every token goes through the same kernels."""
+        inside the prefill step (a mixed batch, as vLLM's) and the prompts take the rest of its token budget, so
+        none waits for more than one step of at most max_num_batched_tokens tokens between two of its tokens;
+        otherwise a decode step. With batch_invariant every step is a prefill step, so every token goes through
+        the same kernels. Admission within the budget keeps the running requests at most max_num_batched_tokens,
+        so a step never holds more. `finishing`: as decode_batch's."""
         invariant = self.cfg.batch_invariant
         if not (invariant or self.prefill_due()):
-            return self.decode_batch(), False
-        decoding = self.decode_batch()  # first: growing them may preempt, which frees blocks for prompts
-        chunks = self._prefill_chunks()
+            return self.decode_batch(finishing), False
+        decoding = self.decode_batch(finishing)  # first: growing them may preempt, which frees blocks for prompts
+        chunks = self._prefill_chunks(self.cfg.max_num_batched_tokens - len(decoding))
         if not (chunks or invariant):
             return decoding, False
         return [PrefillChunk(req, req.num_tokens - 1, req.num_tokens) for req in decoding] + chunks, True
 
     def prefill_due(self) -> bool:
-        """Whether schedule() would prefill now."""
-        return bool(self.prefilling) or (self._has_room() and self._fits(self.waiting[0]))
+        """Whether schedule() would prefill now: a prompt is pending, and the decoding rows leave it tokens of
+        the step's budget (they leave none only while they fill it, and they end)."""
+        return (bool(self.prefilling) or self._admits_next()) and len(self.running) < self.cfg.max_num_batched_tokens
 
     def finish(self, req: Request) -> None:
         """Also for a request preempted while its last step was still in flight (async scheduling)."""
@@ -72,8 +75,13 @@ class Scheduler:
                 queue.remove(req)
                 return
 
-    def _has_room(self) -> bool:
-        return bool(self.waiting) and len(self.running) + len(self.prefilling) < self.cfg.max_num_seqs
+    def _admits_next(self) -> bool:
+        """Whether the first waiting request can be admitted now: room, blocks, and all its tokens known (one
+        preempted while its last step is in flight waits for that step's token)."""
+        if not self.waiting or len(self.running) + len(self.prefilling) >= self.cfg.max_num_seqs:
+            return False
+        req = self.waiting[0]
+        return not (req.output and req.output[-1] == PENDING) and self._fits(req)
 
     def _fits(self, req: Request) -> bool:
         """Whether blocks for all of req's tokens can be had now (its cached prefix counted as its own)."""
@@ -84,16 +92,16 @@ class Scheduler:
         # whole prompt, cached or not.
         return not req.needs_prompt_logprobs
 
-    def _prefill_chunks(self) -> list[PrefillChunk]:
-        """Chunks of the prompts being prefilled, then of newly admitted ones, up to the step's token budget.
+    def _prefill_chunks(self, budget: int) -> list[PrefillChunk]:
+        """Chunks of the prompts being prefilled, then of newly admitted ones, up to `budget` tokens in all.
         A request gets blocks for all its tokens when admitted, so a prefill never waits for blocks midway."""
-        budget, chunks = self.cfg.max_num_batched_tokens, []
+        chunks = []
         for req in self.prefilling:
-            if budget == 0:
+            if budget <= 0:
                 break
             chunks.append(self._chunk(req, budget))
             budget -= chunks[-1].num_tokens
-        while budget and self._has_room() and self._fits(self.waiting[0]):
+        while budget > 0 and self._admits_next():
             req = self.waiting.popleft()
             req.num_computed_tokens = self.blocks.allocate_prefix(req) if self._reuses_prefix(req) else 0
             self.blocks.grow(req)

@@ -21,7 +21,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from qwen3_runtime import Runtime, SamplingParams
-from scripts.bench_prefill import GREEDY, one_step_ms, prompts_of
+from scripts.bench_prefill import GREEDY, one_step_ms, prompts_of, run_to_end
 from scripts.profile_decode import kernel_family
 from scripts.profiling import trace_events
 from scripts.report import environment
@@ -88,7 +88,7 @@ def profile_shape(rt: Runtime, prompts: int, tokens: int, params: SamplingParams
         torch.cuda.synchronize()
         with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
             with record_function(f"prefill_step_{i}"):
-                rt.step()
+                run_to_end(rt)
             torch.cuda.synchronize()
         timelines.append(prefill_timeline(trace_events(prof), f"prefill_step_{i}"))
 
@@ -98,7 +98,7 @@ def profile_shape(rt: Runtime, prompts: int, tokens: int, params: SamplingParams
             rt.add_request(prompt, params)
         torch.cuda.synchronize()
         profiler.enable()
-        rt.step()
+        run_to_end(rt)
         torch.cuda.synchronize()
         profiler.disable()
     text = io.StringIO()

@@ -27,10 +27,11 @@ def test_chunks_are_packed_and_padded_to_the_bucket(stager):
 
     stager.stage(chunks, padded_tokens=16)
 
-    input_ids, positions, slots = stager.token_inputs(16)
+    input_ids, positions, slots, prev_rows = stager.token_inputs(16)
     assert input_ids.tolist() == [106, 107, 108, 109, 5, 6, 7] + [0] * 9
     assert positions.tolist() == [6, 7, 8, 9, 0, 1, 2] + [0] * 9
     assert slots.tolist() == [2 * 4 + 2, 2 * 4 + 3, 9 * 4, 9 * 4 + 1, 16, 17, 18] + [-1] * 9
+    assert prev_rows.tolist() == [-1] * 16  # no step in flight
     plan = stager.plan(16)
     starts, tiles = tile_table([4, 3], [10, 3], stager.block_q)
     assert plan.query_start_loc[:3].tolist() == starts.tolist() and plan.seq_lens[:2].tolist() == [10, 3]
@@ -41,11 +42,21 @@ def test_chunks_are_packed_and_padded_to_the_bucket(stager):
     assert (plan.host_query_lens, plan.host_seq_lens) == ([4, 3], [10, 3])
 
 
+def test_a_decoding_row_fed_by_the_step_in_flight_takes_its_row_there(stager):
+    """A riding row whose token the step in flight samples: its last (only) token row carries that step's row,
+    every other row -1, also after a staging that set some."""
+    chunks = [_chunk([5, 6, 7, -1], [4], 3, 4), _chunk(list(range(10)), [1, 2, 3], 4, 10), _chunk([8, 9], [5], 1, 2)]
+    stager.stage(chunks, padded_tokens=16, prev_rows=[2, -1, 0])
+    assert stager.token_inputs(16)[3].tolist() == [2] + [-1] * 6 + [0] + [-1] * 8
+    stager.stage(chunks[1:], padded_tokens=16)
+    assert stager.token_inputs(16)[3].tolist() == [-1] * 16
+
+
 def test_a_smaller_prefill_pads_over_the_stale_rows(stager):
     stager.stage([_chunk(list(range(20)), [0, 1, 2, 3, 4], 0, 20)], padded_tokens=32)
     stager.stage([_chunk([3, 4], [6], 0, 2)], padded_tokens=16)
 
-    input_ids, _, slots = stager.token_inputs(16)
+    input_ids, _, slots, _ = stager.token_inputs(16)
     assert input_ids.tolist() == [3, 4] + [0] * 14 and slots.tolist() == [24, 25] + [-1] * 14
     tiles = stager.plan(16).tiles.tolist()
     assert tiles[0] == [0, 0] and all(seq == -1 for seq, _ in tiles[1:])
@@ -65,7 +76,7 @@ def test_staging_no_chunk_leaves_padding_alone(stager):
     stager.stage([_chunk(list(range(20)), [0, 1, 2, 3, 4], 0, 20)], padded_tokens=32)
     stager.stage([], padded_tokens=32)
 
-    input_ids, positions, slots = stager.token_inputs(32)
-    assert input_ids.tolist() == positions.tolist() == [0] * 32 and slots.tolist() == [-1] * 32
+    input_ids, positions, slots, prev_rows = stager.token_inputs(32)
+    assert input_ids.tolist() == positions.tolist() == [0] * 32 and slots.tolist() == prev_rows.tolist() == [-1] * 32
     plan = stager.plan(32)
     assert (plan.tiles[:, 0] == -1).all() and plan.host_query_lens == plan.host_seq_lens == []

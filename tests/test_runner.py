@@ -214,9 +214,9 @@ def test_a_step_is_read_before_the_step_two_after_it_launches(make_runtime, tiny
     """Results alternate between two buffers: a third launch with the first step unread would overwrite them."""
     rt = make_runtime(tiny_checkpoint)
     rt.add_request([1, 2, 3], SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
-    rt.step()  # the prefill
+    chunks, _ = rt.scheduler.schedule()
+    first = rt.runner.prefill(chunks)
     reqs = list(rt.scheduler.running)
-    first = rt.runner.launch_decode(reqs)
     second = rt.runner.launch_decode(reqs, previous=first)
     with pytest.raises(RuntimeError, match="read"):
         rt.runner.launch_decode(reqs, previous=second)

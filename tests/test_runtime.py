@@ -150,7 +150,11 @@ def test_async_scheduling_gives_the_same_results(make_runtime, tiny_checkpoint, 
 
     outs = rt.generate(prompts, params)
 
-    assert _results(outs) == _results(reference)
+    # The same tokens; logprobs within rounding: a step launched before the one in flight is read does not yet
+    # know which rows that step ends, so a row may decode where it rode in a prefill step (other kernels).
+    assert [r[:3] for r in _results(outs)] == [r[:3] for r in _results(reference)]
+    for out, expected in zip(outs, reference):
+        _close_logprobs(out.logprobs, expected.logprobs)
     assert outs[1].finish_reason == "stop" and outs[1].token_ids[-1] == free[5]
     assert outs[6].finish_reason == "length" and len(outs[6].token_ids) == 4
     assert rt.scheduler.num_preemptions > 0 and rt.scheduler.blocks.num_free_blocks == 10
@@ -267,15 +271,16 @@ def test_decoding_requests_go_on_while_a_long_prompt_is_prefilled_in_chunks(make
     rt = make_runtime(tiny_checkpoint, engine__max_num_batched_tokens=16)
     steps = []
     prefill, launch_decode = rt.runner.prefill, rt.runner.launch_decode
-    rt.runner.prefill = lambda chunks: steps.append("P") or prefill(chunks)
+    rt.runner.prefill = lambda chunks, *a: steps.append("P") or prefill(chunks, *a)
     rt.runner.launch_decode = lambda reqs, *a: steps.append("D") or launch_decode(reqs, *a)
     short = rt.add_request([5, 6, 7], GREEDY)
     rt.step()  # the short prompt's prefill
-    long = rt.add_request(list(range(1, 161)), GREEDY)  # ten chunks of 16
+    long = rt.add_request(list(range(1, 161)), GREEDY)  # eleven chunks of 15: the decoding row takes a token
     while not rt._live[long].output or rt._live[long].output[0] == PENDING:
         rt.step()
-    assert "".join(steps) == "P" * 11  # the short one decodes in every chunk's step
-    assert len(rt._live[short].output) == 11
+    # The short one decodes in every chunk's step; the last chunk's token is read once the next step is launched.
+    assert "".join(steps) == "P" * 12 + "D"
+    assert len(rt._live[short].output) == 13
 
 
 def test_batch_invariant_mode_runs_prefill_steps_only_and_matches_the_default(make_runtime, tiny_checkpoint):

@@ -76,10 +76,21 @@ def test_prompts_are_chunked_within_the_token_budget_and_decoding_rides_along():
     _add(sched, 10, 20, 5)
     assert _schedule(sched) == ([(0, 0, 10), (1, 0, 6)], True)  # the second prompt's first chunk fills the step
     assert _ids(sched.prefilling) == [1] and _ids(sched.running) == [0]
-    # The decoding request's last token leads the step, outside the budget; the chunked prompt, then the queue.
-    assert _schedule(sched) == ([(0, 10, 11), (1, 6, 20), (2, 0, 2)], True)
-    assert _schedule(sched) == ([(0, 11, 12), (1, 20, 21), (2, 2, 5)], True)
+    # The decoding request's last token leads the step, within the budget; the chunked prompt, then the queue.
+    assert _schedule(sched) == ([(0, 10, 11), (1, 6, 20), (2, 0, 1)], True)
+    assert _schedule(sched) == ([(0, 11, 12), (1, 20, 21), (2, 1, 5)], True)
     assert _schedule(sched) == ([0, 1, 2], False) and _schedule(sched) == ([0, 1, 2], False)  # nothing to prefill
+
+
+def test_prompts_wait_while_the_decoding_rows_fill_the_token_budget():
+    sched = _scheduler(num_blocks=100, max_num_batched_tokens=2)
+    first = _add(sched, 2, 2)
+    assert _schedule(sched) == ([(0, 0, 2)], True) and _schedule(sched) == ([(0, 2, 3), (1, 0, 1)], True)
+    assert _schedule(sched) == ([(0, 3, 4), (1, 1, 2)], True)
+    _add(sched, 3)
+    assert not sched.prefill_due() and _schedule(sched) == ([0, 1], False)  # two rows: no token left for it
+    sched.finish(first[0])
+    assert sched.prefill_due() and _schedule(sched) == ([(1, 3, 4), (2, 0, 1)], True)
 
 
 def test_a_chunked_prompt_holds_blocks_for_all_its_tokens_from_admission():
@@ -256,11 +267,16 @@ def _check_state(sched: Scheduler, reqs: list[Request]) -> None:
 
 def test_batch_invariant_runs_every_step_as_a_prefill_step_the_decoding_rows_riding():
     sched = _scheduler(num_blocks=32, max_num_batched_tokens=6, batch_invariant=True)
-    _add(sched, 5, 9)
+    _add(sched, 5, 8)
     assert _schedule(sched) == ([(0, 0, 5), (1, 0, 1)], True)
-    assert _schedule(sched) == ([(0, 5, 6), (1, 1, 7)], True)  # request 0 rides as its last token
-    assert _schedule(sched) == ([(0, 6, 7), (1, 7, 9)], True)
-    assert _schedule(sched) == ([(0, 7, 8), (1, 9, 10)], True)  # nothing left to prefill: still a prefill step
+    assert _schedule(sched) == ([(0, 5, 6), (1, 1, 6)], True)  # request 0 rides as its last token
+    assert _schedule(sched) == ([(0, 6, 7), (1, 6, 8)], True)
+    assert _schedule(sched) == ([(0, 7, 8), (1, 8, 9)], True)  # nothing left to prefill: still a prefill step
+    sched = _scheduler(num_blocks=32, max_num_batched_tokens=1, batch_invariant=True)
+    _add(sched, 3, 3)
+    assert _schedule(sched) == ([(0, 0, 1)], True) and _schedule(sched) == ([(0, 1, 2)], True)
+    assert _schedule(sched) == ([(0, 2, 3)], True)
+    assert _schedule(sched) == ([(0, 3, 4)], True)  # request 0 decoding fills the budget: 1 waits, as it ends
     sched = _scheduler(num_blocks=32)
     _add(sched, 5)
     _schedule(sched)
