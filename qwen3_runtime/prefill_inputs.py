@@ -23,9 +23,9 @@ PADDING_TILE = np.array([-1, 0], dtype=np.int32)
 
 class PrefillBuffers:
     """One byte buffer: int64 tokens [4, max_tokens] (input ids, positions, cache slots, rows of the step in
-    flight whose sampled token is the input: -1 for none), then int32 query
-    start locations [max_seqs + 1], sequence lengths [max_seqs], tiles [max_tiles, 2] and block tables
-    [max_seqs, max_blocks], the tables last so a copy can stop after the rows in use."""
+    flight whose sampled token is the input: -1 for none), then int32 query start locations [max_seqs + 1],
+    sequence lengths [max_seqs], tiles [max_tiles, 2] and block tables [max_seqs, max_blocks], the tables last
+    so a copy can stop after the rows in use."""
 
     def __init__(
         self, max_tokens: int, max_seqs: int, max_blocks: int, block_q: int, device: torch.device, pin: bool = False

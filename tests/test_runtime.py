@@ -108,24 +108,28 @@ def _results(outs):
     return [(o.token_ids, o.finish_reason, o.error, None if o.logprobs is None else list(o.logprobs)) for o in outs]
 
 
-def _overlaps(rt) -> list[tuple[bool, bool]]:
-    """Spy: for each decode launch, whether an earlier launched step was still unread, and whether a
-    request asking for logprobs was in either step."""
+def _overlaps(rt) -> list[tuple[str, bool, bool]]:
+    """Spy: for each launch, its kind ("decode" or "prefill"), whether an earlier launched step was still
+    unread, and whether a request asking for logprobs was in either step."""
     runner, unread, seen = rt.runner, [], []
-    launch, collect = runner.launch_decode, runner.collect
+    collect = runner.collect
 
-    def spy_launch(reqs, *args, **kwargs):
-        rows = reqs + [req for step in unread for req in step.reqs]
-        seen.append((bool(unread), any(req.params.logprobs is not None for req in rows)))
-        unread.append(launch(reqs, *args, **kwargs))
-        return unread[-1]
+    def spy(kind, launch):
+        def launched(batch, *args, **kwargs):
+            reqs = [getattr(row, "req", row) for row in batch]  # a prefill's chunks name their requests
+            rows = reqs + [req for step in unread for req in step.reqs]
+            seen.append((kind, bool(unread), any(req.params.logprobs is not None for req in rows)))
+            unread.append(launch(batch, *args, **kwargs))
+            return unread[-1]
+
+        return launched
 
     def spy_collect(step):
-        if step in unread:  # prefills are collected at once
-            unread.remove(step)
+        unread.remove(step)
         return collect(step)
 
-    runner.launch_decode, runner.collect = spy_launch, spy_collect
+    runner.launch_decode, runner.prefill = spy("decode", runner.launch_decode), spy("prefill", runner.prefill)
+    runner.collect = spy_collect
     return seen
 
 
@@ -159,8 +163,9 @@ def test_async_scheduling_gives_the_same_results(make_runtime, tiny_checkpoint, 
     assert outs[6].finish_reason == "length" and len(outs[6].token_ids) == 4
     assert rt.scheduler.num_preemptions > 0 and rt.scheduler.blocks.num_free_blocks == 10
     # Launched ahead of the read, except around host-path rows: those read the step's logits after it.
-    assert any(overlap for overlap, _ in overlaps) and not rt.has_unfinished()
-    assert any(overlap and logprobs for overlap, logprobs in overlaps) == (path == "device")
+    assert not rt.has_unfinished()
+    assert {kind for kind, overlap, _ in overlaps if overlap} == {"decode", "prefill"}
+    assert any(overlap and logprobs for _, overlap, logprobs in overlaps) == (path == "device")
 
 
 def _drain(rt, limit=500):

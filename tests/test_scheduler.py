@@ -5,7 +5,7 @@ from qwen3_runtime import SamplingParams
 from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.config import EngineConfig
 from qwen3_runtime.ops import cdiv
-from qwen3_runtime.request import Request, Status
+from qwen3_runtime.request import PENDING, Request, Status
 from qwen3_runtime.scheduler import PrefillChunk, Scheduler
 
 MAX_MODEL_LEN = 32
@@ -91,6 +91,17 @@ def test_prompts_wait_while_the_decoding_rows_fill_the_token_budget():
     assert not sched.prefill_due() and _schedule(sched) == ([0, 1], False)  # two rows: no token left for it
     sched.finish(first[0])
     assert sched.prefill_due() and _schedule(sched) == ([(1, 3, 4), (2, 0, 1)], True)
+
+
+def test_a_request_preempted_with_a_row_in_flight_waits_for_its_token():
+    """Its recomputation needs every token: until the step in flight is read, the queue behind it waits too."""
+    sched = _scheduler(num_blocks=100)
+    preempted, behind = _add(sched, 3, 3)
+    preempted.output = [5, PENDING]  # what a preemption leaves while its row of the step in flight is unread
+    assert not sched.prefill_due() and sched.schedule() == ([], False)
+    preempted.output[-1] = 7  # the step in flight is read
+    assert _schedule(sched) == ([(0, 0, 5), (1, 0, 3)], True)
+    assert behind.status is Status.RUNNING
 
 
 def test_a_chunked_prompt_holds_blocks_for_all_its_tokens_from_admission():
