@@ -79,7 +79,7 @@ class EngineConfig:
     max_num_seqs: int = field(default=64, metadata=_range(1))
     # Tokens of one step, as vLLM counts them: the decoding requests riding in a prefill step (a token each) and
     # prompt chunks in the rest, so a longer prompt is prefilled over several steps and this bounds the decoding
-    # requests' stall. Admission within it keeps at most this many requests running.
+    # requests' stall. At least max_num_seqs (vLLM's rule too), so the prompts always keep a token of it.
     max_num_batched_tokens: int = field(default=8192, metadata=_range(1))
     block_size: int = field(default=16, metadata=_range(1))
     # None: enough for max_num_seqs full-length sequences, capped by gpu_memory_utilization of the free memory less
@@ -107,6 +107,11 @@ class EngineConfig:
     def __post_init__(self) -> None:
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
             raise ConfigError(f"device={self.device!r} is invalid: use auto, cpu, cuda or cuda:N")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ConfigError(
+                f"max_num_batched_tokens={self.max_num_batched_tokens} is out of range: must be >= "
+                f"max_num_seqs={self.max_num_seqs} (a step holds a token of every running request)"
+            )
         for size in self.cuda_graph_buckets or []:
             if not 1 <= size <= self.max_num_seqs:
                 raise ConfigError(

@@ -2,8 +2,8 @@
 measured before the KV cache is sized, so that the cache leaves room for it (vLLM's profile run).
 
 Two steps run eagerly on a scratch KV cache of one full-length sequence's blocks: a prefill of every token the
-step budget allows over as many requests as it can hold (prompts of up to max_model_len - 1 tokens, the rest
-one-token rows, as decoding rows ride), every prompt asking the largest prompt logprobs and every row the
+step budget allows over max_num_seqs requests (prompts of up to max_model_len - 1 tokens, the rest one-token
+rows, as decoding rows ride), every prompt asking the largest prompt logprobs and every row the
 largest processed logprobs, with top-p alone and penalties (the sort of the processed values, which those
 rows' logprobs need, the penalties' pass and the prompt-logprobs chunk of logits); then a decode step of
 max_num_seqs such rows. Their peaks bound what is held later: the decode graphs' pool (one decode step's
@@ -40,7 +40,7 @@ def worst_step_bytes(runner: ModelRunner, config: Config, dtype: torch.dtype) ->
         prompt_logprobs=None if on_host else k, repetition_penalty=1.1,
     )  # fmt: skip
     table = list(range(num_blocks))
-    rows, budget, lengths = min(engine.max_num_seqs, engine.max_num_batched_tokens), engine.max_num_batched_tokens, []
+    rows, budget, lengths = engine.max_num_seqs, engine.max_num_batched_tokens, []
     while len(lengths) < rows:
         lengths.append(min(budget - (rows - len(lengths) - 1), engine.max_model_len - 1))
         budget -= lengths[-1]

@@ -50,8 +50,8 @@ class Scheduler:
         inside the prefill step (a mixed batch, as vLLM's) and the prompts take the rest of its token budget, so
         none waits for more than one step of at most max_num_batched_tokens tokens between two of its tokens;
         otherwise a decode step. With batch_invariant every step is a prefill step, so every token goes through
-        the same kernels. Admission within the budget keeps the running requests at most max_num_batched_tokens,
-        so a step never holds more. `finishing`: as decode_batch's."""
+        the same kernels. The budget is at least max_num_seqs (the config's rule), so the decoding rows always
+        leave the prompts a token of it. `finishing`: as decode_batch's."""
         invariant = self.cfg.batch_invariant
         if not (invariant or self.prefill_due()):
             return self.decode_batch(finishing), False
@@ -62,9 +62,8 @@ class Scheduler:
         return [PrefillChunk(req, req.num_tokens - 1, req.num_tokens) for req in decoding] + chunks, True
 
     def prefill_due(self) -> bool:
-        """Whether schedule() would prefill now: a prompt is pending, and the decoding rows leave it tokens of
-        the step's budget (they leave none only while they fill it, and they end)."""
-        return (bool(self.prefilling) or self._admits_next()) and len(self.running) < self.cfg.max_num_batched_tokens
+        """Whether schedule() would prefill now."""
+        return bool(self.prefilling) or self._admits_next()
 
     def finish(self, req: Request) -> None:
         """Also for a request preempted while its last step was still in flight (async scheduling)."""

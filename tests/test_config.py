@@ -40,6 +40,7 @@ def test_overrides_from_python_and_cli_text():
             ["engine.gpu_memory_utilization=1.5 is out of range: must be in (0, 1]"],
         ),
         ({"engine.max_num_batched_tokens": 0}, ["engine.max_num_batched_tokens", "0", ">= 1"]),
+        ({"engine.max_num_batched_tokens": 4}, ["engine.max_num_batched_tokens=4", ">= max_num_seqs=8"]),
         ({"engine.prefix_caching": "yes"}, ["engine.prefix_caching", "'yes'", "bool"]),
         ({"logprobs.max_logprobs": -2}, ["logprobs.max_logprobs", "-2", ">= -1"]),
         ({"model.architecture.num_key_value_heads": 3}, ["model.architecture.num_attention_heads", "3"]),

@@ -82,15 +82,13 @@ def test_prompts_are_chunked_within_the_token_budget_and_decoding_rides_along():
     assert _schedule(sched) == ([0, 1, 2], False) and _schedule(sched) == ([0, 1, 2], False)  # nothing to prefill
 
 
-def test_prompts_wait_while_the_decoding_rows_fill_the_token_budget():
-    sched = _scheduler(num_blocks=100, max_num_batched_tokens=2)
-    first = _add(sched, 2, 2)
-    assert _schedule(sched) == ([(0, 0, 2)], True) and _schedule(sched) == ([(0, 2, 3), (1, 0, 1)], True)
-    assert _schedule(sched) == ([(0, 3, 4), (1, 1, 2)], True)
-    _add(sched, 3)
-    assert not sched.prefill_due() and _schedule(sched) == ([0, 1], False)  # two rows: no token left for it
-    sched.finish(first[0])
-    assert sched.prefill_due() and _schedule(sched) == ([(1, 3, 4), (2, 0, 1)], True)
+def test_the_decoding_rows_leave_the_prompts_a_token_at_least():
+    """The budget is at least max_num_seqs, so while prompts are pending they get what the rows leave."""
+    sched = _scheduler(num_blocks=100, max_num_seqs=3, max_num_batched_tokens=3)
+    _add(sched, 1, 1, 5)
+    assert _schedule(sched) == ([(0, 0, 1), (1, 0, 1), (2, 0, 1)], True)
+    assert _schedule(sched) == ([(0, 1, 2), (1, 1, 2), (2, 1, 2)], True)  # two rows ride, one prompt token
+    assert _schedule(sched) == ([(0, 2, 3), (1, 2, 3), (2, 2, 3)], True)
 
 
 def test_a_request_preempted_with_a_row_in_flight_waits_for_its_token():
@@ -105,7 +103,7 @@ def test_a_request_preempted_with_a_row_in_flight_waits_for_its_token():
 
 
 def test_a_chunked_prompt_holds_blocks_for_all_its_tokens_from_admission():
-    sched = _scheduler(num_blocks=6, block_size=4, max_num_batched_tokens=4)
+    sched = _scheduler(num_blocks=6, block_size=4, max_num_seqs=4, max_num_batched_tokens=4)
     a, b = _add(sched, 16, 9)  # a takes 4 blocks; b needs 3 of the 2 left
     assert _schedule(sched) == ([(0, 0, 4)], True) and len(a.block_table) == 4
     assert not sched.waiting[0].block_table and sched.blocks.num_free_blocks == 2
@@ -200,6 +198,7 @@ def test_any_sequence_of_steps_keeps_blocks_and_queues_consistent(
     max_model_len end, as the runtime ends them) and finishes (prefilling, running or waiting, as an error,
     a stop or an abort does)."""
     num_blocks = cdiv(MAX_MODEL_LEN, block_size) + extra_blocks  # any one request fits alone
+    max_num_seqs = min(max_num_seqs, max_num_batched_tokens)  # the config's rule
     sched = _scheduler(num_blocks, block_size, max_num_seqs, max_num_batched_tokens, prefix_caching)
     reqs: list[Request] = []
     for op, arg in ops:
@@ -277,17 +276,12 @@ def _check_state(sched: Scheduler, reqs: list[Request]) -> None:
 
 
 def test_batch_invariant_runs_every_step_as_a_prefill_step_the_decoding_rows_riding():
-    sched = _scheduler(num_blocks=32, max_num_batched_tokens=6, batch_invariant=True)
+    sched = _scheduler(num_blocks=32, max_num_seqs=2, max_num_batched_tokens=6, batch_invariant=True)
     _add(sched, 5, 8)
     assert _schedule(sched) == ([(0, 0, 5), (1, 0, 1)], True)
     assert _schedule(sched) == ([(0, 5, 6), (1, 1, 6)], True)  # request 0 rides as its last token
     assert _schedule(sched) == ([(0, 6, 7), (1, 6, 8)], True)
     assert _schedule(sched) == ([(0, 7, 8), (1, 8, 9)], True)  # nothing left to prefill: still a prefill step
-    sched = _scheduler(num_blocks=32, max_num_batched_tokens=1, batch_invariant=True)
-    _add(sched, 3, 3)
-    assert _schedule(sched) == ([(0, 0, 1)], True) and _schedule(sched) == ([(0, 1, 2)], True)
-    assert _schedule(sched) == ([(0, 2, 3)], True)
-    assert _schedule(sched) == ([(0, 3, 4)], True)  # request 0 decoding fills the budget: 1 waits, as it ends
     sched = _scheduler(num_blocks=32)
     _add(sched, 5)
     _schedule(sched)
