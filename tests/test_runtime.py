@@ -2,6 +2,8 @@ from dataclasses import replace
 
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from qwen3_runtime import SamplingParams
 from qwen3_runtime.config import ConfigError
@@ -375,3 +377,69 @@ def test_a_long_prompt_scores_alike_through_cudnn_and_the_paged_kernel(monkeypat
     diff = (logprobs[4096] - logprobs[512]).abs()
     print(f"|whole - chunked| prompt logprobs: mean {diff.mean():.2e}, max {diff.max():.2e}")
     assert diff.mean() < 0.02 and diff.max() < 0.15
+
+
+_SHARED_PREFIX = [(11 * i) % 500 + 1 for i in range(32)]  # prompts start with some of it: prefix-cache hits
+_FUZZ_PARAMS = [
+    dict(temperature=0),
+    dict(temperature=1.0, seed=4),
+    dict(temperature=0.8, seed=9, top_k=5, top_p=0.7),
+    dict(temperature=0, presence_penalty=0.5, repetition_penalty=1.2),
+]
+
+
+@settings(max_examples=25, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_sequence_of_requests_aborts_and_steps_gives_each_request_its_tokens_alone(
+    make_runtime, tiny_checkpoint, data
+):
+    """Requests added and aborted between steps of an engine with few blocks and rows (preemptions), a small
+    token budget (chunks) and a shared prefix (cache hits): each request not aborted gets the tokens and
+    logprobs it gets alone, and every block comes back."""
+    blocks = data.draw(st.sampled_from([8, 12, 24]))  # of 8 tokens: 8 hold one sequence of max_model_len
+    max_seqs = data.draw(st.integers(2, 4))
+    config = dict(
+        engine__num_kv_blocks=blocks,
+        engine__block_size=8,
+        engine__max_model_len=64,
+        engine__max_num_seqs=max_seqs,
+        engine__max_num_batched_tokens=data.draw(st.sampled_from([max_seqs, 8, 64])),
+        engine__async_scheduling=data.draw(st.booleans()),
+        engine__prefix_caching=data.draw(st.booleans()),
+        logprobs__path=data.draw(st.sampled_from(["device", "host"])),
+    )
+    rt = make_runtime(tiny_checkpoint, **config)
+    added, aborted, finished = {}, set(), {}
+    for op in data.draw(st.lists(st.sampled_from(["add", "add", "abort", "step", "step"]), min_size=4, max_size=40)):
+        if op == "add":
+            prompt = _SHARED_PREFIX[: data.draw(st.integers(1, 32))]
+            prompt += data.draw(st.lists(st.integers(1, 499), max_size=8))
+            params = SamplingParams(
+                max_tokens=data.draw(st.integers(1, 32)),
+                ignore_eos=True,
+                logprobs=data.draw(st.sampled_from([None, 0, 3])),
+                prompt_logprobs=data.draw(st.sampled_from([None, None, None, 1])),
+                **data.draw(st.sampled_from(_FUZZ_PARAMS)),
+            )
+            added[rt.add_request(prompt, params, stream=data.draw(st.booleans()))] = (prompt, params)
+        elif op == "abort" and added:
+            request_id = data.draw(st.sampled_from(sorted(added)))
+            rt.abort(request_id)  # also one that has finished, or was aborted before: ignored
+            aborted.add(request_id)
+        else:
+            finished.update((out.request_id, out) for out in rt.step())
+    more, _ = _drain(rt)
+    finished.update(more)
+
+    assert finished.keys() == added.keys() and rt.scheduler.blocks.num_free_blocks == blocks
+    alone = make_runtime(tiny_checkpoint, engine__prefix_caching=False, engine__max_model_len=64)
+    for request_id, out in finished.items():
+        assert PENDING not in out.token_ids and out.error is None
+        if out.finish_reason == "abort":
+            assert request_id in aborted
+            continue
+        prompt, params = added[request_id]
+        expected = alone.generate([prompt], params)[0]
+        assert (out.token_ids, out.finish_reason) == (expected.token_ids, "length")
+        _close_logprobs(out.logprobs, expected.logprobs)
+        _close_logprobs(out.prompt_logprobs, expected.prompt_logprobs)
