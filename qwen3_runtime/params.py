@@ -17,6 +17,7 @@ from qwen3_runtime.validation import (
     check_int,
     check_range,
     check_token_ids,
+    invalid,
     show,
 )
 
@@ -24,6 +25,8 @@ from qwen3_runtime.validation import (
 MAX_REPETITION_PENALTY = 10.0
 # The most ids min_tokens suppresses per request (stop ids and EOS ids): the width of the runner's table.
 MAX_STOP_IDS = 32
+# The most tokens one request's logit_bias may name (as vLLM's), and OpenAI's range for a bias.
+MAX_LOGIT_BIAS, LOGIT_BIAS_RANGE = 1024, 100.0
 
 
 @dataclass
@@ -59,6 +62,8 @@ class SamplingParams:
     min_tokens: int = 0
     # Random rows keep the tokens with at least min_p times the most likely token's probability.
     min_p: float = 0.0
+    # token id -> a number added to its logit before the penalties (OpenAI's and vLLM's order); None: none.
+    logit_bias: dict[int, float] | None = None
 
     def __post_init__(self) -> None:
         """Check every field and normalise NumPy numbers to Python ones. Runs again at submission
@@ -86,6 +91,8 @@ class SamplingParams:
             "min_tokens", self.min_tokens, lo=0, hi=self.max_tokens, note=f"max_tokens={self.max_tokens}"
         )
         self.min_p = check_float("min_p", self.min_p, lo=0, hi=1)
+        if self.logit_bias is not None:
+            self.logit_bias = _check_logit_bias(self.logit_bias)
 
     @property
     def greedy(self) -> bool:
@@ -95,12 +102,13 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        """Whether the logits are penalized before sampling (the request then holds a penalty slot)."""
+        """Whether the logits are penalized (or biased) before sampling: the request then holds a penalty slot."""
         return (
             self.presence_penalty != 0
             or self.frequency_penalty != 0
             or self.repetition_penalty != 1
             or self.min_tokens > 0
+            or bool(self.logit_bias)
         )
 
     def min_tokens_stop_ids(self, eos_token_ids: Iterable[int]) -> list[int]:
@@ -109,6 +117,19 @@ class SamplingParams:
         if self.min_tokens == 0:
             return []
         return sorted(set(self.stop_token_ids) | (set() if self.ignore_eos else set(eos_token_ids)))
+
+
+def _check_logit_bias(value: object) -> dict[int, float]:
+    """A copy as {int: float}, so later changes to the caller's dict cannot reach a queued request."""
+    if not isinstance(value, dict):
+        raise invalid("logit_bias", value, f"a dict of token id -> bias, got {type(value).__name__}")
+    if len(value) > MAX_LOGIT_BIAS:
+        raise ValueError(f"logit_bias names {len(value)} tokens: at most {MAX_LOGIT_BIAS} are supported")
+    bias = {}
+    for token, number in value.items():
+        token = check_int("logit_bias key", token, lo=0, note="a token id")
+        bias[token] = check_float(f"logit_bias[{token}]", number, lo=-LOGIT_BIAS_RANGE, hi=LOGIT_BIAS_RANGE)
+    return bias
 
 
 @dataclass(frozen=True)
@@ -140,6 +161,8 @@ def check_request(prompt: object, params: object, limits: RequestLimits) -> tupl
             f"prompt has {len(prompt)} tokens: it must be at most engine.max_model_len={limits.max_model_len}"
         )
     check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
+    for token in params.logit_bias or ():
+        check_range("logit_bias key", token, 0, vocab, hi_open=True, note="a token id of the model's vocabulary")
     suppressed = params.min_tokens_stop_ids(limits.eos_token_ids)
     if len(suppressed) > MAX_STOP_IDS:
         raise ValueError(

@@ -1,9 +1,9 @@
 """The penalties' device state, which ops/penalties.py reads inside the captured step, and the slots that index it.
 
-A penalized request takes a slot when its first token is sampled (its prefill's last chunk) and holds it until it
-ends. Its sampled tokens are counted on the device by the step that samples them, so no token history goes up
-per step: only its prompt and stop ids, once, when it takes the slot. A preempted request keeps its slot, as its
-tokens (hence its counts) do not change."""
+A penalized (or biased) request takes a slot when its first token is sampled (its prefill's last chunk) and holds
+it until it ends. Its sampled tokens are counted on the device by the step that samples them, so no token history
+goes up per step: only its prompt, stop ids and logit_bias, once, when it takes the slot. A preempted request keeps
+its slot, as its tokens (hence its counts) do not change."""
 
 from __future__ import annotations
 
@@ -12,41 +12,42 @@ from dataclasses import dataclass
 
 import torch
 
-from qwen3_runtime.ops.penalties import apply_penalties
-from qwen3_runtime.params import MAX_STOP_IDS
+from qwen3_runtime.ops.penalties import SlotState, apply_penalties
+from qwen3_runtime.params import MAX_LOGIT_BIAS, MAX_STOP_IDS
 from qwen3_runtime.request import Request
 from qwen3_runtime.step_inputs import StepInputs
 
 
 @dataclass
 class PenaltySlots:
-    # int32 [num_slots + 1, V]: how often each token was sampled; the last row takes the rows without a slot.
-    output_counts: torch.Tensor
-    prompt_mask: torch.Tensor  # uint8 [num_slots, V]: 1 where the token is in the prompt
-    stop_ids: torch.Tensor  # int32 [num_slots, MAX_STOP_IDS]: what min_tokens suppresses, -1 padded
+    # Its output_counts has one row more than the slots: the rows without a slot count their tokens there.
+    state: SlotState
     eos_token_ids: tuple[int, ...]
     free: list[int]
     held: dict[int, int]  # request_id -> slot
 
     @classmethod
     def allocate(cls, num_slots: int, vocab: int, eos_token_ids: Iterable[int], device: torch.device) -> PenaltySlots:
-        return cls(
-            torch.zeros(num_slots + 1, vocab, dtype=torch.int32, device=device),
-            torch.zeros(num_slots, vocab, dtype=torch.uint8, device=device),
-            torch.full((num_slots, MAX_STOP_IDS), -1, dtype=torch.int32, device=device),
-            tuple(eos_token_ids),
-            list(reversed(range(num_slots))),
-            {},
+        state = SlotState(
+            output_counts=torch.zeros(num_slots + 1, vocab, dtype=torch.int32, device=device),
+            prompt_mask=torch.zeros(num_slots, vocab, dtype=torch.uint8, device=device),
+            stop_ids=torch.full((num_slots, MAX_STOP_IDS), -1, dtype=torch.int32, device=device),
+            num_bias=torch.zeros(num_slots, dtype=torch.int32, device=device),
+            bias_ids=torch.zeros(num_slots, MAX_LOGIT_BIAS, dtype=torch.int32, device=device),
+            bias_values=torch.zeros(num_slots, MAX_LOGIT_BIAS, dtype=torch.float32, device=device),
         )
+        return cls(state, tuple(eos_token_ids), list(reversed(range(num_slots))), {})
 
     def slot(self, req: Request) -> int:
         """req's slot, -1 when it holds none."""
         return self.held.get(req.request_id, -1)
 
     def acquire(self, reqs: Iterable[Request]) -> None:
-        """A slot for each penalized request that has none yet: its counts zeroed, its prompt and stop ids written
-        (one upload). Slots are as many as the running requests can be, preempted ones included (the scheduler
-        readmits those before any new request), so one is always free."""
+        """A slot for each penalized request that has none yet: its counts zeroed, its stop ids, logit_bias and
+        prompt written (one upload, and one more for the biases' values). Slots are as many as the running
+        requests can be, preempted ones included (the scheduler readmits those before any new request), so one
+        is always free."""
+        state = self.state
         for req in reqs:
             if not req.params.penalized or req.request_id in self.held:
                 continue
@@ -54,12 +55,19 @@ class PenaltySlots:
                 raise RuntimeError(f"no free penalty slot for request {req.request_id}: {len(self.held)} are held")
             slot = self.held[req.request_id] = self.free.pop()
             stops = req.params.min_tokens_stop_ids(self.eos_token_ids)
-            ids = torch.tensor(stops + [-1] * (MAX_STOP_IDS - len(stops)) + req.prompt, dtype=torch.int64)
-            ids = ids.to(self.output_counts.device, non_blocking=True)
-            self.stop_ids[slot] = ids[:MAX_STOP_IDS]
-            self.output_counts[slot].zero_()
-            self.prompt_mask[slot].zero_()
-            self.prompt_mask[slot, ids[MAX_STOP_IDS:]] = 1
+            bias = req.params.logit_bias or {}
+            device = state.output_counts.device
+            ids = stops + [-1] * (MAX_STOP_IDS - len(stops)) + list(bias) + req.prompt
+            ids = torch.tensor(ids, dtype=torch.int64).to(device, non_blocking=True)  # no wait for the step in flight
+            state.stop_ids[slot] = ids[:MAX_STOP_IDS]
+            state.num_bias[slot] = len(bias)
+            if bias:
+                state.bias_ids[slot, : len(bias)] = ids[MAX_STOP_IDS : MAX_STOP_IDS + len(bias)]
+                values = torch.tensor(list(bias.values()), dtype=torch.float32).to(device, non_blocking=True)
+                state.bias_values[slot, : len(bias)] = values
+            state.output_counts[slot].zero_()
+            state.prompt_mask[slot].zero_()
+            state.prompt_mask[slot, ids[MAX_STOP_IDS + len(bias) :]] = 1
 
     def release(self, request_id: int) -> None:
         """Free the request's slot, if it holds one."""
@@ -77,15 +85,14 @@ class PenaltySlots:
             inp.frequency[:rows],
             inp.repetition[:rows],
             inp.suppress_stop[:rows],
-            self.output_counts,
-            self.prompt_mask,
-            self.stop_ids,
+            self.state,
             write_rows=inp.processed[:rows],
         )
 
     def count(self, tokens: torch.Tensor, slot: torch.Tensor) -> None:
         """Add each row's sampled token to its slot's counts (rows without a slot to the spare last row)."""
         # One flat scatter_add_ (atomic adds, capturable in a CUDA graph, no index sort).
-        rows = torch.where(slot < 0, len(self.output_counts) - 1, slot)
-        flat = rows * self.output_counts.shape[1] + tokens
-        self.output_counts.view(-1).scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+        counts = self.state.output_counts
+        rows = torch.where(slot < 0, len(counts) - 1, slot)
+        flat = rows * counts.shape[1] + tokens
+        counts.view(-1).scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))

@@ -19,7 +19,8 @@ from qwen3_runtime.ops import decode_attention
 from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.ops.invariant_linear import invariant_linear
 from qwen3_runtime.ops.linear import linear, linear_partials
-from qwen3_runtime.ops.penalties import apply_penalties
+from qwen3_runtime.ops.penalties import SlotState, apply_penalties
+from qwen3_runtime.params import MAX_LOGIT_BIAS
 from qwen3_runtime.runner import TOP_K_CAP
 from qwen3_runtime.sampler import SamplingTensors, filter_cutoffs, sample_raw, sample_selected
 from scripts.report import environment
@@ -153,11 +154,15 @@ def sampling_rows(batches: list[int]) -> list[dict]:
         top_p_alone = SamplingTensors(**{**vars(params), "top_k": full(-1, torch.int32)})
         no_writes = full(0, torch.int32)
         counts = torch.randint(0, 3, (batch, vocab), device="cuda", dtype=torch.int32)
+        slots = SlotState(
+            counts, (torch.rand(batch, vocab, device="cuda") < 0.01).to(torch.uint8),
+            torch.full((batch, 4), -1, device="cuda", dtype=torch.int32), full(0, torch.int32),
+            torch.zeros(batch, MAX_LOGIT_BIAS, device="cuda", dtype=torch.int32),
+            torch.zeros(batch, MAX_LOGIT_BIAS, device="cuda", dtype=torch.float32),
+        )  # fmt: skip
         penalty_state = (
             torch.arange(batch, device="cuda", dtype=torch.int32), full(0.2, torch.float32),
-            full(0.2, torch.float32), full(1.1, torch.float32), no_writes, counts,
-            (torch.rand(batch, vocab, device="cuda") < 0.01).to(torch.uint8),
-            torch.full((batch, 4), -1, device="cuda", dtype=torch.int32),
+            full(0.2, torch.float32), full(1.1, torch.float32), no_writes, slots,
         )  # fmt: skip
         parts = {
             "greedy_argmax": lambda x: greedy_max(x),

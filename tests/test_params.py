@@ -65,6 +65,12 @@ def test_bad_values_name_the_field(kwargs, words):
         ({"top_k": np.float64(5)}, "top_k=np.float64(5.0) is invalid: expected an integer"),
         ({"stop_token_ids": None}, "stop_token_ids=None is invalid: expected a list of token ids, got NoneType"),
         ({"stop_token_ids": [np.float32(3)]}, "stop_token_ids[0]=np.float32(3.0) is invalid: expected an integer"),
+        ({"logit_bias": [5]}, "logit_bias=[5] is invalid: expected a dict of token id -> bias, got list"),
+        ({"logit_bias": {"5": 1}}, "logit_bias key='5' is invalid: expected an integer"),
+        ({"logit_bias": {-1: 1}}, "logit_bias key=-1 is out of range: must be >= 0 (a token id)"),
+        ({"logit_bias": {5: 100.5}}, "logit_bias[5]=100.5 is out of range: must be in [-100.0, 100.0]"),
+        ({"logit_bias": {5: float("-inf")}}, "logit_bias[5]=-inf is invalid: expected a finite number"),
+        ({"logit_bias": dict.fromkeys(range(1025), 1)}, "logit_bias names 1025 tokens: at most 1024 are supported"),
     ],
 )
 def test_non_finite_and_wrong_types_are_rejected_with_one_message_shape(kwargs, text):
@@ -156,6 +162,12 @@ def test_submission_checks_the_model_limits_and_returns_a_checked_copy():
     assert params == SamplingParams(max_tokens=5, stop_token_ids=[3]) and type(params.max_tokens) is int
     mine.stop_token_ids.append(4)  # later changes to the caller's object do not reach the request
     assert params is not mine and params.stop_token_ids == [3]
+    with pytest.raises(ValueError, match=r"^logit_bias key=512 is out of range: must be in \[0, 512\) \(a token id"):
+        check_request([1], SamplingParams(logit_bias={3: 1.0, 512: -1.0}), LIMITS)
+    mine = SamplingParams(logit_bias={np.int64(3): np.float32(-2.5)})
+    _, params = check_request([1], mine, LIMITS)
+    mine.logit_bias[4] = 1.0
+    assert params.logit_bias == {3: -2.5} and [type(v) for kv in params.logit_bias.items() for v in kv] == [int, float]
 
 
 def test_penalized_and_its_defaults():
@@ -165,6 +177,7 @@ def test_penalized_and_its_defaults():
     for field in ({"presence_penalty": -0.5}, {"frequency_penalty": 0.1}, {"repetition_penalty": 0.9}):
         assert SamplingParams(**field).penalized
     assert SamplingParams(min_tokens=1).penalized and SamplingParams(min_tokens=16, max_tokens=16).min_tokens == 16
+    assert SamplingParams(logit_bias={3: 0.5}).penalized and not SamplingParams(logit_bias={}).penalized
 
 
 def test_min_tokens_suppresses_stop_and_eos_ids_up_to_a_limit():

@@ -3,6 +3,7 @@ min_tokens against a forced EOS, batch independence, and penalty slots freed whe
 
 import json
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +14,10 @@ PENALIZED = dict(repetition_penalty=1.5, frequency_penalty=0.5, presence_penalty
 
 
 def _penalize(logits: torch.Tensor, prompt: list[int], output: list[int], p: SamplingParams) -> torch.Tensor:
-    """vLLM V1's penalties on one row of logits."""
+    """vLLM V1's logit bias, then its penalties, on one row of logits."""
+    logits = logits.clone()
+    for token, bias in (p.logit_bias or {}).items():
+        logits[token] += bias
     counts = torch.bincount(torch.tensor(output, dtype=torch.long), minlength=len(logits)).float()
     seen = counts > 0
     seen[prompt] = True
@@ -52,6 +56,39 @@ def test_penalized_greedy_equals_a_reference_loop(make_runtime, tiny_checkpoint)
         for got, want in zip(lp.logprobs, ref):
             assert math.isclose(got.logprob, want, abs_tol=1e-4)
     assert [lp.logprob for lp in raw.logprobs] != [lp.logprob for lp in processed.logprobs]
+
+
+def test_logit_bias_with_penalties_equals_a_reference_loop(make_runtime, tiny_checkpoint):
+    rt = make_runtime(tiny_checkpoint)
+    prompt = [5, 6, 7, 8] * 4
+    base = dict(max_tokens=12, temperature=0, ignore_eos=True, logprobs=0)
+    plain = rt.generate([prompt], SamplingParams(**base))[0].token_ids
+    # The plain run's first pick banned, two others pushed up (once generated, the repetition penalty applies to
+    # the biased logit).
+    banned = plain[0]
+    params = SamplingParams(**base, **PENALIZED, logit_bias={banned: -100, 9: 3.5, 40: 0.25})
+    biased = rt.generate([prompt], replace(params, logprobs_mode="processed"))[0]
+    tokens, _, processed_ref = _reference_greedy(tiny_checkpoint, prompt, params)
+    assert biased.token_ids == tokens and banned not in tokens and 9 in tokens
+    for got, want in zip(biased.logprobs, processed_ref):
+        assert math.isclose(got.logprob, want, abs_tol=1e-4)
+
+
+def test_a_large_bias_decides_what_is_sampled(make_runtime, tiny_checkpoint):
+    rt = make_runtime(tiny_checkpoint)
+    base = dict(max_tokens=6, ignore_eos=True)
+    plain = rt.generate([[1, 2, 3]], SamplingParams(**base, temperature=0))[0].token_ids
+    outs = rt.generate(
+        [[1, 2, 3]] * 4,
+        [
+            SamplingParams(**base, temperature=1.0, seed=3, logit_bias={40: 100}),
+            SamplingParams(**base, temperature=0.7, top_k=5, top_p=0.9, seed=1, logit_bias={40: 100}),
+            SamplingParams(**base, temperature=0, logit_bias=dict.fromkeys(plain, -100)),
+            SamplingParams(**base, temperature=0),  # beside them, unchanged
+        ],
+    )
+    assert outs[0].token_ids == outs[1].token_ids == [40] * 6
+    assert not set(plain) & set(outs[2].token_ids) and outs[3].token_ids == plain
 
 
 def test_penalized_sampled_rows_report_what_was_sampled_from(make_runtime, tiny_checkpoint):
@@ -122,6 +159,13 @@ def test_min_tokens_holds_back_eos_and_stop_ids(eos_forced, async_scheduling):
     assert outs[3].token_ids == [11] * 10 and outs[3].finish_reason == "length"  # an ignored EOS is not suppressed
     assert len(outs[4].token_ids) == 6 and outs[4].token_ids[5] == 11 and not {11, 22} & set(outs[4].token_ids[:5])
     assert all(outs[i].finish_reason == "stop" for i in (0, 1, 2, 4))
+
+
+def test_a_biased_stop_id_is_still_held_back_by_min_tokens(eos_forced):
+    out = eos_forced().generate(
+        [[1, 2, 3]], SamplingParams(max_tokens=6, temperature=0, min_tokens=3, logit_bias={11: 100})
+    )
+    assert out[0].token_ids == [22, 22, 22, 11]
 
 
 def test_seeded_penalized_sampling_does_not_depend_on_the_batch(make_runtime, tiny_checkpoint):

@@ -385,6 +385,7 @@ _FUZZ_PARAMS = [
     dict(temperature=1.0, seed=4),
     dict(temperature=0.8, seed=9, top_k=5, top_p=0.7),
     dict(temperature=0, presence_penalty=0.5, repetition_penalty=1.2),
+    dict(temperature=0.9, seed=2, logit_bias={7: 5.0, 40: -100.0}),
 ]
 
 

@@ -11,7 +11,7 @@ import json
 import logging
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from qwen3_runtime.params import MAX_REPETITION_PENALTY
@@ -22,7 +22,6 @@ SAME_AS_N = object()  # in an "off" tuple: the request's own n (best_of = n pick
 
 # field -> its "off" values. OpenAI's fields and vLLM's sampling extensions; for both endpoints.
 UNSUPPORTED: dict[str, tuple] = {
-    "logit_bias": (None, {}),
     "length_penalty": (None, 1),
     "use_beam_search": (None, False),
     "include_stop_str_in_output": (None, False),
@@ -104,11 +103,27 @@ class _Request(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
     repetition_penalty: float | None = Field(None, gt=0, le=MAX_REPETITION_PENALTY)
     min_tokens: int | None = Field(None, ge=0)  # at most max_tokens: checked with the params
+    # OpenAI's: token id (a string, as JSON's keys are) -> a bias in [-100, 100], both checked with the params.
+    logit_bias: dict[int, float] | None = None
 
-    def penalties(self) -> dict[str, float | int]:
+    def penalties(self) -> dict[str, Any]:
         """The fields above that were given, for SamplingParams."""
-        names = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens")
+        names = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "logit_bias")
         return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _token_id_keys(cls, value: Any) -> Any:
+        """Keys as ints, a key that is not one named in the 400."""
+        if not isinstance(value, dict):
+            return value
+        bias = {}
+        for key, number in value.items():
+            try:
+                bias[int(key)] = number
+            except ValueError:
+                raise refused("logit_bias", f"logit_bias key {key!r} is invalid: expected a token id") from None
+        return bias
 
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     n: int = Field(1, ge=1, le=128)

@@ -6,9 +6,23 @@ import pytest
 import torch
 
 from qwen3_runtime.ops import penalties
-from qwen3_runtime.ops.penalties import CHUNK, apply_penalties, apply_penalties_reference
+from qwen3_runtime.ops.penalties import BLOCK_BIAS, CHUNK, SlotState, apply_penalties, apply_penalties_reference
 
 NUM_STOP = 3  # not a power of two: the kernel pads the load
+MAX_BIAS = 2 * BLOCK_BIAS + 9  # the table's width: a slot with more than BLOCK_BIAS entries takes three rounds
+
+
+def _bias(vocab: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Slot 0: no bias; slot 1: a few, on the edge tokens (-inf, 0, a stop id, seen ones, the last id); slot 2:
+    as many as fit, over every chunk (in random order, +-100 among them); slot 3: one. Unused entries hold junk."""
+    num = torch.tensor([0, 6, min(MAX_BIAS, vocab), 1], dtype=torch.int32)
+    ids = torch.randint(0, vocab, (4, MAX_BIAS), generator=g, dtype=torch.int32)
+    values = torch.randn(4, MAX_BIAS, generator=g) * 30
+    ids[1, :6] = torch.tensor([1, 2, 0, 4, 5, vocab - 1], dtype=torch.int32)
+    ids[2, : num[2]] = torch.randperm(vocab, generator=g)[: num[2]].to(torch.int32)
+    values[2, :2] = torch.tensor([100.0, -100.0])
+    ids[3, 0] = 3
+    return num, ids, values
 
 
 def _inputs(vocab: int, seed: int) -> dict:
@@ -30,6 +44,7 @@ def _inputs(vocab: int, seed: int) -> dict:
     stop_ids[3, 2] = vocab - 1
     stop_ids[2, 2] = 1
     f32 = lambda *v: torch.tensor(v, dtype=torch.float32)  # noqa: E731
+    state = SlotState(counts, prompt_mask, stop_ids, *_bias(vocab, g))
     return dict(
         logits=logits,
         slot=torch.tensor([0, -1, 1, 2, -1, 0, 3, 2], dtype=torch.int64),
@@ -37,18 +52,18 @@ def _inputs(vocab: int, seed: int) -> dict:
         frequency=f32(0.25, 1.0, 0.0, -2.0, 0.0, -0.7, 0.1, 0.0),
         repetition=f32(1.3, 2.0, 0.7, 1.0, 1.0, 1.0, 9.5, 1.0),
         suppress_stop=torch.tensor([1, 1, 0, 1, 0, 0, 1, 0], dtype=torch.int64),
-        output_counts=counts,
-        prompt_mask=prompt_mask,
-        stop_ids=stop_ids,
+        state=state,
     )
 
 
-def _vllm_row(x, counts, prompt, stops, presence, frequency, repetition, suppress) -> list:
-    """vLLM V1's penalties on one row, token by token."""
+def _vllm_row(x, counts, prompt, stops, bias, presence, frequency, repetition, suppress) -> list:
+    """vLLM V1's logit bias, then its penalties, on one row, token by token."""
     r, f, p = np.float32(repetition), np.float32(frequency), np.float32(presence)
     out = []
     for t, logit in enumerate(x):
         y, c = np.float32(logit), int(counts[t])
+        if t in bias:
+            y = y + np.float32(bias[t])
         if prompt[t] or c > 0:
             y = y / r if y > 0 else y * r
         y = y - f * np.float32(c)
@@ -60,17 +75,19 @@ def _vllm_row(x, counts, prompt, stops, presence, frequency, repetition, suppres
 
 
 def _vllm(inp: dict) -> torch.Tensor:
-    rows = []
+    rows, state = [], inp["state"]
     for i, slot in enumerate(inp["slot"].tolist()):
         if slot < 0:
             rows.append(inp["logits"][i].tolist())
             continue
+        n = state.num_bias[slot]
         rows.append(
             _vllm_row(
                 inp["logits"][i].tolist(),
-                inp["output_counts"][slot].tolist(),
-                inp["prompt_mask"][slot].tolist(),
-                {s for s in inp["stop_ids"][slot].tolist() if s >= 0},
+                state.output_counts[slot].tolist(),
+                state.prompt_mask[slot].tolist(),
+                {s for s in state.stop_ids[slot].tolist() if s >= 0},
+                dict(zip(state.bias_ids[slot, :n].tolist(), state.bias_values[slot, :n].tolist())),
                 *(inp[k][i].item() for k in ("presence", "frequency", "repetition", "suppress_stop")),
             )
         )
@@ -124,11 +141,14 @@ def test_edge_cases_do_what_they_say():
     x = inp["logits"]
     assert out[0, 0] == float("-inf") and out[0, 4] == float("-inf")  # suppressed stop ids
     assert out[:, 1].eq(float("-inf")).all()  # -inf stays -inf through every penalty
-    # Row 3: no repetition, frequency -2 and no presence: a token seen 40 times gains 80; one in the prompt only
-    # keeps its logit.
-    assert out[3, 5] == x[3, 5] + 80 and out[3, 3] == x[3, 3]
-    # Row 6: repetition 9.5 > 1 pulls a seen positive logit towards 0 and pushes a negative one away.
-    seen = (inp["prompt_mask"][3] != 0) & (inp["output_counts"][3] == 0)
-    seen[inp["stop_ids"][3].long()] = False
+    state = inp["state"]
+    # Row 3 (slot 2): no repetition, frequency -2 and no presence: a token seen 40 times gains 80 (and its bias);
+    # one in the prompt only keeps its logit (and its bias).
+    bias = dict(zip(state.bias_ids[2].tolist(), state.bias_values[2, : state.num_bias[2]].tolist()))
+    assert out[3, 5] == x[3, 5] + bias.get(5, 0.0) + 80 and out[3, 3] == x[3, 3] + bias.get(3, 0.0)
+    # Row 6 (slot 3): repetition 9.5 > 1 pulls a seen positive logit towards 0 and pushes a negative one away.
+    seen = (state.prompt_mask[3] != 0) & (state.output_counts[3] == 0)
+    seen[state.stop_ids[3].long()] = False
+    seen[3] = False  # biased
     for t in seen.nonzero().flatten().tolist():
         assert abs(out[6, t]) <= abs(x[6, t]) if x[6, t] > 0 else abs(out[6, t]) >= abs(x[6, t])

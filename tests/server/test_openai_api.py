@@ -47,6 +47,20 @@ def test_chat_greedy_equals_offline(client, offline):
     assert resp.usage.total_tokens == len(ids) + len(expected)
 
 
+def test_logit_bias_steers_the_text_as_offline(client, offline):
+    tok = offline.tokenizer
+    forced = client.completions.create(model="tiny", prompt=PROMPT, max_tokens=4, seed=3, logit_bias={"40": 100})
+    assert forced.choices[0].text == tok.decode([40] * 4)
+    messages = [{"role": "user", "content": "Hello!"}]
+    ids = tok.encode(tok.apply_chat_template(messages))
+    banned = dict.fromkeys(greedy_offline(offline, ids, 5), -100.0)
+    expected = offline.generate([ids], SamplingParams(max_tokens=5, temperature=0, logit_bias=banned))[0].token_ids
+    resp = client.chat.completions.create(
+        model="tiny", messages=messages, max_tokens=5, temperature=0, logit_bias={str(t): b for t, b in banned.items()}
+    )
+    assert resp.choices[0].message.content == tok.decode(expected) and not set(banned) & set(expected)
+
+
 def test_completion_stream_with_logprobs_matches_whole(client):
     args = dict(model="tiny", prompt=PROMPT, max_tokens=5, temperature=0, logprobs=2)
     whole = client.completions.create(**args).choices[0]

@@ -1,5 +1,6 @@
-"""What the server refuses and what it lets through: unsupported sampling fields (a 400 unless off), metadata and
-unknown fields (accepted), chat content as a list of parts (text joined, anything else a 400)."""
+"""What the server refuses and what it lets through: unsupported sampling fields (a 400 unless off), penalties and
+logit_bias (accepted, a 400 out of range), metadata and unknown fields (accepted), chat content as a list of parts
+(text joined, anything else a 400)."""
 
 import logging
 
@@ -16,8 +17,6 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
 @pytest.mark.parametrize(
     "endpoint, field, value",
     [
-        (COMPLETION, "logit_bias", {"42": 100}),
-        (CHAT, "logit_bias", {"42": -100}),
         (COMPLETION, "best_of", 2),
         (COMPLETION, "suffix", "!"),
         (CHAT, "tools", [TOOL]),
@@ -36,9 +35,12 @@ def test_unsupported_field_is_400_naming_it(http, endpoint, field, value):
 def test_unsupported_field_through_the_openai_client(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(
-            model="tiny", messages=[{"role": "user", "content": "Hi"}], max_tokens=2, logit_bias={"42": 1}
+            model="tiny",
+            messages=[{"role": "user", "content": "Hi"}],
+            max_tokens=2,
+            response_format={"type": "json_object"},
         )
-    assert info.value.body["param"] == "logit_bias"
+    assert info.value.body["param"] == "response_format"
 
 
 PENALTIES = {
@@ -47,6 +49,7 @@ PENALTIES = {
     "repetition_penalty": 1.3,
     "min_p": 0.1,
     "min_tokens": 3,
+    "logit_bias": {"42": 2.5, "7": -100},
 }
 
 
@@ -69,6 +72,10 @@ def test_penalties_and_min_p_are_accepted(http, endpoint):
         (CHAT, "min_p", 1.5),
         (COMPLETION, "min_tokens", -1),
         (CHAT, "min_tokens", 3),  # above max_tokens 2: the params' check
+        (COMPLETION, "logit_bias", {"42": 100.5}),
+        (CHAT, "logit_bias", {"forty-two": 1}),
+        (COMPLETION, "logit_bias", {"151936": 1}),  # past the vocabulary
+        (CHAT, "logit_bias", {"-1": 1}),
     ],
 )
 def test_out_of_range_penalty_is_400_naming_it(http, endpoint, field, value):
