@@ -37,8 +37,15 @@ SAMPLING = {
     "temperature": {"temperature": 1.0},
     "filtered": {"temperature": 0.7, "top_p": 0.8, "top_k": 20},
     "top_p": {"temperature": 0.7, "top_p": 0.8},
-    # greedy with the penalties users send: the penalized graph variant's extra pass over the logits
-    "penalized": {"temperature": 0, "repetition_penalty": 1.1, "frequency_penalty": 0.2, "presence_penalty": 0.2},
+    # greedy with the penalties users send, a logit_bias of 32 tokens spread over the vocabulary among them: the
+    # penalized graph variant's extra pass over the logits
+    "penalized": {
+        "temperature": 0,
+        "repetition_penalty": 1.1,
+        "frequency_penalty": 0.2,
+        "presence_penalty": 0.2,
+        "logit_bias": dict.fromkeys(range(7, 151_936, 4_748), -0.5),
+    },
     "min_p": {"temperature": 1.0, "min_p": 0.05},
 }
 
@@ -196,7 +203,7 @@ def main() -> None:
         choices=list(SAMPLING),
         help="greedy; temperature: 1.0; filtered: temperature 0.7, top-p 0.8, top-k 20; top_p: the same without "
         "top-k; penalized: greedy with "
-        "repetition 1.1, frequency 0.2, presence 0.2; min_p: temperature 1.0, min-p 0.05",
+        "repetition 1.1, frequency 0.2, presence 0.2, a logit_bias of 32 tokens; min_p: temperature 1.0, min-p 0.05",
     )
     parser.add_argument(
         "--quick",
