@@ -58,6 +58,10 @@ def engine_inputs(result: Result, tok: Tokenizer) -> list[Item]:
             prompt_logprobs = max(prompt_logprobs or 0, logprobs)
         fields = dict(max_tokens=b["max_tokens"], logprobs=logprobs, prompt_logprobs=prompt_logprobs)
     sampling = dict(temperature=b.get("temperature", 1.0), top_p=b.get("top_p", 1.0), top_k=b.get("top_k", -1))
+    sampling.update(
+        presence_penalty=b.get("presence_penalty", 0.0), repetition_penalty=b.get("repetition_penalty", 1.0)
+    )
+    sampling["logit_bias"] = {int(token): bias for token, bias in b.get("logit_bias", {}).items()}
     items = []
     for j in range(b.get("n", 1)):
         seed = None if b.get("seed") is None else b["seed"] + j

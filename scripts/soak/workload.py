@@ -1,6 +1,6 @@
 """The soak's requests: a seeded, bounded mix of completions and chat, streamed or not, greedy, seeded or
-unseeded sampling, with logprobs, prompt logprobs, echo, stop strings and n > 1, prompts sharing prefixes or not,
-up to max_model_len; plus the faults: disconnects, aborts, bursts of long prompts, bad requests (400 expected)."""
+unseeded sampling, with logprobs, prompt logprobs, echo, stop strings, penalties and logit_bias, and n > 1, prompts
+sharing prefixes or not, up to max_model_len; plus the faults: disconnects, aborts, bursts of long prompts, bad requests (400 expected)."""
 
 from __future__ import annotations
 
@@ -73,6 +73,9 @@ class Workload:
             if r < 0.85:
                 b["seed"] = self.rng.randrange(2**31)
         spec.reproducible = r < 0.85
+        if self.rng.random() < 0.15:  # the penalties users send, with a logit_bias
+            bias = {str(t): self.rng.choice([-100.0, 3.0]) for t in self._ids(3)}
+            b.update(presence_penalty=0.5, repetition_penalty=1.2, logit_bias=bias)
         if self.rng.random() < 0.25:
             b["stop"] = self.rng.choice(STOPS)
         if self.rng.random() < 0.15:
