@@ -5,7 +5,7 @@ sharing prefixes or not, up to max_model_len; plus the faults: disconnects, abor
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 # Characters frequent in the vocabulary's tokens, so sampled outputs meet them.
 STOPS = (["e"], ["a", "o"], ["in"], ["the", " "])
@@ -25,7 +25,6 @@ class Spec:
     bad_param: str | None = None  # a bad request: the parameter its 400 must name
     burst: bool = False
     reproducible: bool = False  # greedy or seeded: its outputs must equal the offline engine's
-    tags: list[str] = field(default_factory=list)
 
     @property
     def stream(self) -> bool:
