@@ -380,6 +380,7 @@ def test_a_long_prompt_scores_alike_through_cudnn_and_the_paged_kernel(monkeypat
 
 
 _SHARED_PREFIX = [(11 * i) % 500 + 1 for i in range(32)]  # prompts start with some of it: prefix-cache hits
+_FREQUENT_TOKENS = [150, 18, 373, 27, 426, 251, 195, 177, 164, 297]  # in the checkpoint's outputs: stop ids that stop
 _FUZZ_PARAMS = [
     dict(temperature=0),
     dict(temperature=1.0, seed=4),
@@ -395,8 +396,8 @@ def test_any_sequence_of_requests_aborts_and_steps_gives_each_request_its_tokens
     make_runtime, tiny_checkpoint, data
 ):
     """Requests added and aborted between steps of an engine with few blocks and rows (preemptions), a small
-    token budget (chunks) and a shared prefix (cache hits): each request not aborted gets the tokens and
-    logprobs it gets alone, and every block comes back."""
+    token budget (chunks) and a shared prefix (cache hits): each request not aborted gets the tokens, finish
+    reason and logprobs it gets alone, and every block comes back."""
     blocks = data.draw(st.sampled_from([8, 12, 24]))  # of 8 tokens: 8 hold one sequence of max_model_len
     max_seqs = data.draw(st.integers(2, 4))
     config = dict(
@@ -415,9 +416,11 @@ def test_any_sequence_of_requests_aborts_and_steps_gives_each_request_its_tokens
         if op == "add":
             prompt = _SHARED_PREFIX[: data.draw(st.integers(1, 32))]
             prompt += data.draw(st.lists(st.integers(1, 499), max_size=8))
+            max_tokens = data.draw(st.integers(1, 32))
             params = SamplingParams(
-                max_tokens=data.draw(st.integers(1, 32)),
-                ignore_eos=True,
+                max_tokens=max_tokens,
+                stop_token_ids=data.draw(st.sampled_from([[], _FREQUENT_TOKENS])),
+                min_tokens=min(max_tokens, data.draw(st.sampled_from([0, 0, 3]))),
                 logprobs=data.draw(st.sampled_from([None, 0, 3])),
                 prompt_logprobs=data.draw(st.sampled_from([None, None, None, 1])),
                 **data.draw(st.sampled_from(_FUZZ_PARAMS)),
@@ -441,6 +444,6 @@ def test_any_sequence_of_requests_aborts_and_steps_gives_each_request_its_tokens
             continue
         prompt, params = added[request_id]
         expected = alone.generate([prompt], params)[0]
-        assert (out.token_ids, out.finish_reason) == (expected.token_ids, "length")
+        assert (out.token_ids, out.finish_reason) == (expected.token_ids, expected.finish_reason)
         _close_logprobs(out.logprobs, expected.logprobs)
         _close_logprobs(out.prompt_logprobs, expected.prompt_logprobs)
