@@ -142,7 +142,8 @@ def sampling_rows(batches: list[int]) -> list[dict]:
     """The sampler's passes at Qwen3's vocabulary, the step's own settings (bench_decode's modes): greedy's argmax;
     temperature 0.7's Gumbel pass; top-k 20 + top-p 0.8 sampled among the candidates (graph variant select, the
     peak included); top-p 0.8 alone sampled by the rounds (variant select) and its cutoffs by the sort (variant
-    sort, whose Gumbel pass comes on top); the penalties' copy (every row penalized)."""
+    sort, whose Gumbel pass comes on top); the penalties' copy (every row penalized), and with a logit_bias of 32
+    tokens a row."""
     rows, vocab = [], LM_HEAD[1]
     for batch in batches:
         logits = [torch.randn(batch, vocab, device="cuda") * 3 for _ in range(4)]
@@ -154,23 +155,26 @@ def sampling_rows(batches: list[int]) -> list[dict]:
         top_p_alone = SamplingTensors(**{**vars(params), "top_k": full(-1, torch.int32)})
         no_writes = full(0, torch.int32)
         counts = torch.randint(0, 3, (batch, vocab), device="cuda", dtype=torch.int32)
+        bias_ids = torch.zeros(batch, MAX_LOGIT_BIAS, device="cuda", dtype=torch.int32)
+        bias_ids[:, :32] = torch.arange(7, vocab, 4_748, device="cuda", dtype=torch.int32)[:32]  # bench_decode's
         slots = SlotState(
             counts, (torch.rand(batch, vocab, device="cuda") < 0.01).to(torch.uint8),
-            torch.full((batch, 4), -1, device="cuda", dtype=torch.int32), full(0, torch.int32),
-            torch.zeros(batch, MAX_LOGIT_BIAS, device="cuda", dtype=torch.int32),
-            torch.zeros(batch, MAX_LOGIT_BIAS, device="cuda", dtype=torch.float32),
+            torch.full((batch, 4), -1, device="cuda", dtype=torch.int32), full(0, torch.int32), bias_ids,
+            torch.full((batch, MAX_LOGIT_BIAS), -0.5, device="cuda", dtype=torch.float32),
         )  # fmt: skip
-        penalty_state = (
+        penalty_rows = (
             torch.arange(batch, device="cuda", dtype=torch.int32), full(0.2, torch.float32),
-            full(0.2, torch.float32), full(1.1, torch.float32), no_writes, slots,
+            full(0.2, torch.float32), full(1.1, torch.float32), no_writes,
         )  # fmt: skip
+        biased = slots._replace(num_bias=full(32, torch.int32))
         parts = {
             "greedy_argmax": lambda x: greedy_max(x),
             "temperature_sample": lambda x: sample_raw(x, params, x.amax(dim=-1), no_writes),
             "top_k_sample": lambda x: sample_selected(x, params, no_writes, x, TOP_K_CAP),
             "top_p_sample": lambda x: sample_selected(x, top_p_alone, no_writes, x, TOP_K_CAP),
             "top_p_sort_cutoffs": lambda x: filter_cutoffs(x, top_p_alone, x.amax(dim=-1)),
-            "penalties_copy": lambda x: apply_penalties(x, *penalty_state),
+            "penalties_copy": lambda x: apply_penalties(x, *penalty_rows, slots),
+            "penalties_biased": lambda x: apply_penalties(x, *penalty_rows, biased),  # 32 logit_bias entries a row
         }
         row = {"batch": batch, **{name: graph_us_per_call(step, logits) for name, step in parts.items()}}
         rows.append(row)
