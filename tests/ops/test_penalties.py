@@ -6,16 +6,18 @@ import pytest
 import torch
 
 from qwen3_runtime.ops import penalties
-from qwen3_runtime.ops.penalties import BLOCK_BIAS, CHUNK, SlotState, apply_penalties, apply_penalties_reference
+from qwen3_runtime.ops.penalties import CHUNK, SlotState, apply_penalties, apply_penalties_reference
+from qwen3_runtime.params import MAX_LOGIT_BIAS
 
 NUM_STOP = 3  # not a power of two: the kernel pads the load
-MAX_BIAS = 2 * BLOCK_BIAS + 9  # the table's width: a slot with more than BLOCK_BIAS entries takes three rounds
+MAX_BIAS = MAX_LOGIT_BIAS  # the runtime's table width
 
 
 def _bias(vocab: int, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Slot 0: no bias; slot 1: a few, on the edge tokens (-inf, 0, a stop id, seen ones, the last id); slot 2:
-    as many as fit, over every chunk (in random order, +-100 among them); slot 3: one. Unused entries hold junk."""
-    num = torch.tensor([0, 6, min(MAX_BIAS, vocab), 1], dtype=torch.int32)
+    all but 9 of the runtime's 1,024 (eight rounds of BLOCK_BIAS, the last partial) or the whole vocabulary, over
+    every chunk (in random order, +-100 among them); slot 3: one. Unused entries hold junk."""
+    num = torch.tensor([0, 6, min(MAX_BIAS - 9, vocab), 1], dtype=torch.int32)
     ids = torch.randint(0, vocab, (4, MAX_BIAS), generator=g, dtype=torch.int32)
     values = torch.randn(4, MAX_BIAS, generator=g) * 30
     ids[1, :6] = torch.tensor([1, 2, 0, 4, 5, vocab - 1], dtype=torch.int32)
