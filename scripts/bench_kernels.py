@@ -1,7 +1,8 @@
 """Per-kernel decisions for the decode step, measured on the GPU (CUDA-graph replay medians, µs):
 the Qwen3-4B projections through cuBLAS against ops/linear.py's skinny GEMM, the paged decode
-attention's tile size and split count, what engine.batch_invariant's GEMM costs against cuBLAS, and the
-sampler's passes over a step's [B, 151936] logits (each against greedy's argmax, the pass every step has).
+attention's tile size and split count, what engine.batch_invariant's GEMM costs against cuBLAS, the
+sampler's passes over a step's [B, 151936] logits (each against greedy's argmax, the pass every step has),
+and the skinny GEMM's tile widths at 64-128 rows against the L2 traffic each causes (`--parts tiles`).
 
 Usage: python -m scripts.bench_kernels --out DIR
 """
@@ -14,11 +15,15 @@ import json
 from pathlib import Path
 
 import torch
+import triton
+import triton.language as tl
 
 from qwen3_runtime.ops import decode_attention
+from qwen3_runtime.ops import linear as skinny
 from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.ops.invariant_linear import invariant_linear
-from qwen3_runtime.ops.linear import linear, linear_partials
+from qwen3_runtime.ops.linear import Tiles, linear, linear_partials
+from qwen3_runtime.ops.norms import silu_mul
 from qwen3_runtime.ops.penalties import SlotState, apply_penalties
 from qwen3_runtime.params import MAX_LOGIT_BIAS
 from qwen3_runtime.runner import TOP_K_CAP
@@ -186,14 +191,107 @@ def sampling_rows(batches: list[int]) -> list[dict]:
     return rows
 
 
+@triton.jit
+def _read_kernel(src_ptr, out_ptr, chunk, rounds, num_chunks, BLOCK: tl.constexpr):
+    """Each round program p sums chunk (p + round) % num_chunks of src through L2 alone (.cg): no SM's L1 serves a
+    re-read, and every round reads the whole buffer once."""
+    pid = tl.program_id(0)
+    acc = tl.zeros([BLOCK], tl.float32)
+    for r in range(rounds):
+        base = src_ptr + ((pid + r) % num_chunks).to(tl.int64) * chunk
+        for offset in range(0, chunk, BLOCK):
+            acc += tl.load(base + offset + tl.arange(0, BLOCK), cache_modifier=".cg").to(tl.float32)
+    tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), acc)
+
+
+def read_bandwidth(buffer_bytes: int, rounds: int) -> float:
+    """Bytes/s all SMs read from a bf16 buffer of `buffer_bytes`: L2's bandwidth while it fits in L2, DRAM's beyond."""
+    block, programs = 2048, 4 * torch.cuda.get_device_properties(0).multi_processor_count
+    chunk = buffer_bytes // 2 // programs // block * block
+    src = torch.randn(programs * chunk, device="cuda", dtype=torch.bfloat16)
+    out = torch.empty(programs * block, device="cuda")
+    read = lambda s: _read_kernel[(programs,)](s, out, chunk, rounds, programs, BLOCK=block, num_warps=8)  # noqa: E731
+    return src.numel() * 2 * rounds / (graph_us_per_call(read, [src]) * 1e-6)
+
+
+def cublas_kernel(x: torch.Tensor, weight: torch.Tensor) -> str:
+    """The name of the kernel cuBLAS runs for x @ weight^T (its tile shape and cluster are in it)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        torch.mm(x, weight.t())
+        torch.cuda.synchronize()
+    return "; ".join(e.name for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def _skinny_launch(x: torch.Tensor, weight: torch.Tensor, tiles: Tiles, splits: int, gated: bool):
+    """The skinny kernel launched as given into an output allocated as linear (one slice, x's dtype) or
+    linear_partials (fp32 slices of K) allocate theirs; returns (output, the launch over a weight)."""
+    k, n_out = weight.shape[1], weight.shape[0] // (2 if gated else 1)
+    splits = triton.cdiv(k, triton.cdiv(triton.cdiv(k, splits), tiles.block_k) * tiles.block_k)  # no empty slice
+    if splits == 1:
+        out = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)
+    else:
+        out = torch.empty(splits, x.shape[0], n_out, dtype=torch.float32, device=x.device)
+    return out, lambda w: skinny._launch(x, w, out, splits, gated=gated, tiles=tiles)
+
+
+def tile_rows(batches: list[int]) -> list[dict]:
+    """The skinny GEMM's tile width against the L2 traffic it causes at 64-128 rows. Each program reads its weight
+    tile from DRAM once and the batch's x slice through L2, so x is re-read once per block_n weight rows: L2 serves
+    the weights x (1 + rows / block_n), plus fp32 partials written and read back once (by the norm). Beside each,
+    cuBLAS (its kernel named: tile shape and cluster) and the runner's own launch; qkv and gate/up as split-K
+    partials too, as what-ifs (the next kernel would have to add them). Each launch is checked against cuBLAS."""
+    rows, sms = [], torch.cuda.get_device_properties(0).multi_processor_count
+    bandwidth = {f"l2_read_{mb}mb": read_bandwidth(mb << 20, 64) for mb in (8, 16, 32)}
+    bandwidth["dram_read"] = read_bandwidth(4 << 30, 1)
+    print("read bandwidth TB/s: " + "  ".join(f"{k} {bw / 1e12:.2f}" for k, bw in bandwidth.items()), flush=True)
+    candidates = [Tiles(64, 128), Tiles(64, 64), Tiles(128, 64, 8, 4), Tiles(128, 128, 8, 3), Tiles(128, 64, 4, 4)]
+    for (name, n, k), m in itertools.product(SHAPES, batches):
+        weights = _weights(n, k)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        product = torch.mm(x, weights[0].t())
+        gated = name == "gate_up"
+        expected = silu_mul(product).float() if gated else product.float()
+        entry = {"shape": name, "m": m, "weight_bytes": n * k * 2, "cublas_kernel": cublas_kernel(x, weights[0])}
+        entry["cublas_us"] = graph_us_per_call(lambda w: torch.mm(x, w.t()), weights)
+        entry["launches"] = []
+        for tiles in candidates + [Tiles(256, 64, 8, 3)] * (m > 64):
+            if gated and tiles.block_k > 64:
+                continue  # the gated epilogue holds both halves: K tiles of 64 at these rows
+            filling = max(1, min(sms // triton.cdiv(n, tiles.block_n), k // (4 * tiles.block_k)))
+            for splits in sorted({1, filling}) if not gated else [1]:  # the epilogue needs whole sums
+                out, launch = _skinny_launch(x, weights[0], tiles, splits, gated)
+                launch(weights[0])
+                got = out.float().sum(0) if out.dim() == 3 else out.float()
+                error = ((got - expected).abs().max() / expected.abs().max()).item()
+                us = graph_us_per_call(launch, weights)
+                partial_bytes = 2 * out.numel() * 4 if out.dim() == 3 else 0
+                l2_bytes = n * k * 2 * (1 + m / tiles.block_n) + partial_bytes
+                launch_row = {**tiles._asdict(), "splits": len(out) if out.dim() == 3 else 1, "us": us}
+                entry["launches"].append({**launch_row, "l2_bytes": l2_bytes, "max_rel_error": error})
+                print(
+                    f"{name:8s} m={m:3d} {tiles} splits={launch_row['splits']:2d}: {us:6.1f} us "
+                    f"(cuBLAS {entry['cublas_us']:6.1f}), L2 {l2_bytes / us / 1e6:5.2f} TB/s, "
+                    f"weights {n * k * 2 / us / 1e6:5.2f} TB/s, max relative error {error:.1e}",
+                    flush=True,
+                )
+        print(f"{name:8s} m={m:3d} cuBLAS: {entry['cublas_us']:6.1f} us, {entry['cublas_kernel']}", flush=True)
+        rows.append(entry)
+        del weights
+    return [bandwidth, *rows]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 16, 32])
     parser.add_argument(
-        "--parts", nargs="+", default=["gemm", "attention"], choices=["gemm", "attention", "invariant", "sampling"]
+        "--parts",
+        nargs="+",
+        default=["gemm", "attention"],
+        choices=["gemm", "attention", "invariant", "sampling", "tiles"],
     )
     parser.add_argument("--invariant-rows", type=int, nargs="+", default=[16, 64, 256, 1024, 2048])
     parser.add_argument("--sampling-rows", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
+    parser.add_argument("--tile-rows", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
     bandwidth = copy_bandwidth()
@@ -206,6 +304,8 @@ def main() -> None:
         result["invariant"] = invariant_rows(args.invariant_rows)
     if "sampling" in args.parts:
         result["sampling"] = sampling_rows(args.sampling_rows)
+    if "tiles" in args.parts:
+        result["tiles"] = tile_rows(args.tile_rows)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernels.json").write_text(json.dumps(result, indent=2))
 

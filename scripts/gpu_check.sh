@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU tests and benchmarks, run on the H200 through the device tool; results land under $OUT.
-#   [QUICK=1] bash scripts/gpu_check.sh [tests] [repeat] [parity] [profile] [timeline] [decode] [kernels]
+#   [QUICK=1] bash scripts/gpu_check.sh [tests] [repeat] [parity] [profile] [timeline] [decode] [kernels] [tiles]
 #                                      [reduce] [lm_head] [logprobs] [sampling] [prefill] [prefill_e2e]
 #                                      [sampled] [arrivals] [serving] [soak] [soak_replay]
 #   (arrivals, serving and soak need the server's wheels)
@@ -28,6 +28,7 @@ for step in $steps; do
     sampled) run python3 -m scripts.bench_decode --config qwen3-4b --quick --hf-batch --batch 1 8 32 64 128 256 \
                --sampling greedy temperature filtered top_p penalized min_p --out "$OUT/sampled" ;;
     kernels) run python3 -m scripts.bench_kernels --out "$OUT" ;;
+    tiles) run python3 -m scripts.bench_kernels --parts tiles --out "$OUT/tiles" ;;
     reduce) run python3 -m scripts.bench_reduce ${QUICK:+--quick} --out "$OUT" ;;
     lm_head) run python3 -m scripts.bench_lm_head --out "$OUT" ;;
     logprobs) run python3 -m scripts.bench_logprobs ${QUICK:+--quick} --out "$OUT" ;;

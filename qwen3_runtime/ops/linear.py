@@ -14,6 +14,8 @@ product goes to ops/invariant_linear.py instead, whose result for a row does not
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 import triton
@@ -45,6 +47,15 @@ PREFETCH_BYTES = 4 << 20
 # Qwen3-4B) before their wait, while gate/up's last programs still stream. The two only pay together:
 # the early launch alone gains nothing, the prefetch alone is slower. Larger batches gain nothing.
 MLP_EARLY_ROWS = 8
+
+
+class Tiles(NamedTuple):
+    """A skinny launch's shape: weight rows and K per tile, warps, pipeline stages (None: by the programs)."""
+
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int | None = None
 
 
 @triton.jit
@@ -157,18 +168,22 @@ def _launch(
     gated: bool = False,
     prefetch_tiles: int = 0,
     dependents_early: bool = False,
+    tiles: Tiles | None = None,
 ) -> None:
+    """`tiles`: the launch's shape (scripts/bench_kernels.py sweeps them); by default the tuned one for the rows."""
     rows = x.shape[0]
     k = weight.shape[1]
     n = out.shape[-1]  # output columns: half the weight's rows when gated
     wide = rows > WIDE_ROWS
-    block_k = WIDE_GATED_BLOCK_K if wide and gated else BLOCK_K
+    tiles = tiles or Tiles(BLOCK_N, WIDE_GATED_BLOCK_K if wide and gated else BLOCK_K)
+    block_k = tiles.block_k
     k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
     assert x.stride(1) == weight.stride(1) == out.stride(-1) == 1 and triton.cdiv(k, k_per_split) == splits
     assert weight.shape[0] == (2 * n if gated else n)
-    tile_cols = BLOCK_N // 2 if gated else BLOCK_N
-    tiles = triton.cdiv(n, tile_cols)
-    _skinny_gemm_kernel[(tiles, splits)](
+    tile_cols = tiles.block_n // 2 if gated else tiles.block_n
+    programs = triton.cdiv(n, tile_cols)
+    stages = tiles.num_stages or (WIDE_STAGES if wide else _num_stages(programs * splits, x.device))
+    _skinny_gemm_kernel[(programs, splits)](
         x,
         weight,
         out,
@@ -181,15 +196,15 @@ def _launch(
         out.stride(0) if out.dim() == 3 else 0,
         out.stride(-2),
         BLOCK_M=max(16, triton.next_power_of_2(rows)),
-        BLOCK_N=BLOCK_N,
+        BLOCK_N=tiles.block_n,
         BLOCK_K=block_k,
         GATED=gated,
         EVEN=n % tile_cols == 0 and k % (splits * block_k) == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PREFETCH_TILES=prefetch_tiles,
         DEPENDENTS_EARLY=dependents_early,
-        num_warps=4,
-        num_stages=WIDE_STAGES if wide else _num_stages(tiles * splits, x.device),
+        num_warps=tiles.num_warps,
+        num_stages=stages,
         **pdl_launch(x),
     )
 

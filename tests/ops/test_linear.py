@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from qwen3_runtime.ops import linear as linear_module
-from qwen3_runtime.ops.linear import gated_linear, linear, linear_partials, mlp_partials
+from qwen3_runtime.ops.linear import Tiles, gated_linear, linear, linear_partials, mlp_partials
 from qwen3_runtime.ops.norms import silu_mul, silu_mul_reference
 
 
@@ -42,6 +42,20 @@ def test_gated_linear_is_silu_of_gate_times_up(rows, n, k):
     ref = silu_mul_reference(x.double() @ weight.double().t())
     assert out.shape == (rows, n)
     torch.testing.assert_close(out.double(), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
+
+
+@pytest.mark.parametrize("tiles", [Tiles(128, 64, 8, 4), Tiles(256, 64, 8, 3)])  # bench_kernels' wider tiles
+@pytest.mark.parametrize("gated,splits", [(False, 1), (True, 1), (False, 3)])
+def test_any_tile_shape_gives_the_product(tiles, gated, splits):
+    gen = torch.Generator().manual_seed(tiles.block_n + splits)
+    rows, n, k = 70, 200, 320  # ragged N, K and rows
+    x, weight = torch.randn(rows, k, generator=gen), torch.randn(2 * n if gated else n, k, generator=gen)
+    out = torch.full((splits, rows, n) if splits > 1 else (rows, n), float("nan"))  # poisoned: unwritten shows
+    linear_module._launch(x, weight, out, splits, gated=gated, tiles=tiles)
+    ref = x.double() @ weight.double().t()
+    ref = silu_mul_reference(ref) if gated else ref
+    got = out.sum(0) if splits > 1 else out
+    torch.testing.assert_close(got.double(), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
 
 
 @pytest.mark.parametrize("rows", [1, 9])  # down_proj launched early, and not
