@@ -1,8 +1,9 @@
 """Fuzzing the HTTP API (issue 38): a well-formed body with one field made wrong (a wrong type, out of range,
-NaN/inf, odd unicode, token ids outside the vocabulary, a prompt over max_model_len), a required field dropped or
-an unknown one added, and raw bodies that are not a JSON object. Never a 5xx; a 4xx is OpenAI's error naming the
-field it is about (param is null only for errors about the body as a whole: not JSON, not an object, too large);
-a 200 is a well-formed completion; and a good request sent every few examples still succeeds.
+NaN/inf, odd unicode, token ids outside the vocabulary, a prompt over max_model_len, a penalty or a logit_bias out
+of range), a required field dropped or an unknown one added, and raw bodies that are not a JSON object. Never a 5xx;
+a 4xx is OpenAI's error naming the field it is about (param is null only for errors about the body as a whole: not
+JSON, not an object, too large); a 200 is a well-formed completion; and a good request sent every few examples
+still succeeds.
 
 Bodies are sent as text from json.dumps, which writes NaN and Infinity as the bare tokens Python's parser reads.
 Valid requests ask for one or two tokens: on a CPU each costs a step of the tiny model."""
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-VOCAB, MAX_MODEL_LEN, MAX_LOGPROBS = 151936, 256, 20
+VOCAB, MAX_MODEL_LEN, MAX_LOGPROBS, MAX_LOGIT_BIAS = 151936, 256, 20, 1024
 GOOD_EVERY = 8
 FUZZ = settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 
@@ -41,11 +42,24 @@ BAD: dict[str, st.SearchStrategy] = {
     "stop": st.lists(junk, max_size=3),
     "stop_token_ids": token_ids,
     "messages": st.lists(st.dictionaries(st.sampled_from(["role", "content", "name"]), junk), max_size=2),
+    "presence_penalty": odd_floats | huge_ints | st.floats(2.0001, 1e9),
+    "frequency_penalty": odd_floats | huge_ints | st.floats(-1e9, -2.0001),
+    "repetition_penalty": odd_floats | huge_ints | st.floats(max_value=0) | st.floats(10.0001, 1e9),
+    "min_tokens": st.integers(max_value=-1) | st.integers(min_value=3) | odd_floats,  # > max_tokens (1-2) too
+    "min_p": odd_floats | huge_ints,
+    "logit_bias": st.one_of(
+        st.dictionaries(st.sampled_from(["x", "1.5", "", "-1", str(VOCAB), str(2**64)]), st.floats(-1, 1), min_size=1),
+        st.dictionaries(st.integers(0, VOCAB - 1).map(str), odd_floats | huge_ints, min_size=1, max_size=3),
+        st.just({str(i): 0.5 for i in range(MAX_LOGIT_BIAS + 1)}),
+    ),
 }
 COMPLETION_FIELDS = ["prompt", "max_tokens", "n", "logprobs", "prompt_logprobs", "temperature", "top_p", "top_k"]
 COMPLETION_FIELDS += ["seed", "stop", "stop_token_ids", "echo", "stream", "stream_options", "best_of", "suffix"]
+PENALTY_FIELDS = ["presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "min_p", "logit_bias"]
+COMPLETION_FIELDS += PENALTY_FIELDS
 CHAT_FIELDS = ["messages", "max_tokens", "max_completion_tokens", "n", "logprobs", "top_logprobs", "temperature"]
 CHAT_FIELDS += ["top_p", "top_k", "seed", "stop", "stream", "stream_options", "tools", "response_format"]
+CHAT_FIELDS += PENALTY_FIELDS
 KNOWN = set(COMPLETION_FIELDS + CHAT_FIELDS + ["model", "user", "stream_options", "ignore_eos", "seed"])
 # The fields a 4xx may name when one is changed (logprobs false makes a top_logprobs that is set an error).
 RELATED = {"logprobs": {"top_logprobs", "logprobs"}}
@@ -56,7 +70,14 @@ def valid_completion() -> st.SearchStrategy[dict]:
     prompt = st.text(min_size=1, max_size=12) | st.lists(st.integers(0, VOCAB - 1), min_size=1, max_size=6)
     return st.fixed_dictionaries(
         {"prompt": prompt, "max_tokens": st.integers(1, 2)},
-        optional={"temperature": st.floats(0, 2), "logprobs": st.integers(0, 3), "seed": st.integers(0, 2**63 - 1)},
+        optional={
+            "temperature": st.floats(0, 2),
+            "logprobs": st.integers(0, 3),
+            "seed": st.integers(0, 2**63 - 1),
+            "presence_penalty": st.floats(-2, 2),
+            "repetition_penalty": st.floats(0.5, 2),
+            "logit_bias": st.dictionaries(st.integers(0, VOCAB - 1).map(str), st.floats(-100, 100), max_size=3),
+        },
     )
 
 
