@@ -1,6 +1,8 @@
 """Choice: incremental text, stop strings cut the output (also across tokens), held-back text while streaming."""
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from qwen3_runtime.request import RequestUpdate
 from qwen3_runtime.server.choice import Choice
@@ -88,3 +90,53 @@ def test_with_stops_a_token_waits_for_its_text(tok):
         text, kept, _, _ = cut.delta()
         assert kept == ([] if t != ids[0] else ids[:1]) and text == ("a" if t == ids[0] else "")
     assert cut.finish_reason == "stop"
+
+
+# Texts of one- to four-byte characters, a combining mark among them; tokens as the tokenizer merges them, or a byte
+# each (a character's first tokens then complete no text).
+ALPHABET = list("ab c\n.") + ["é", "\u0301", "你", "🙂"]
+
+
+@st.composite
+def stop_strings(draw, text: str) -> list[str]:
+    """Pieces of the text (they occur) and short strings of its alphabet (they may)."""
+
+    def piece() -> str:
+        start = draw(st.integers(0, len(text) - 1))
+        return text[start : start + draw(st.integers(1, 4))]
+
+    anywhere = st.text(st.sampled_from(ALPHABET), min_size=1, max_size=3)
+    return [piece() if text and draw(st.booleans()) else draw(anywhere) for _ in range(draw(st.integers(0, 3)))]
+
+
+@settings(
+    max_examples=150, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_any_updates_and_polling_stream_the_text_cut_before_the_first_stop(tok, data):
+    """Whatever the updates' sizes and however often the text is taken: the deltas add up to the choice's text, which
+    is the whole text when no stop string occurs in it and otherwise ends right before one, holding none; the
+    tokens sent are those whose text starts in it (all of them when nothing was cut)."""
+    text = data.draw(st.text(st.sampled_from(ALPHABET), max_size=24))
+    ids = data.draw(st.sampled_from([tok.encode(text), _byte_tokens(tok, text)]))
+    stops = data.draw(stop_strings(text))
+    choice = Choice(0, tok, stops)
+    sent_text, sent_ids, start = "", [], 0
+    while True:
+        size = data.draw(st.integers(1, 3))
+        last = start + size >= len(ids)
+        choice.apply(update(ids[start : start + size], "length" if last else None))
+        start += size
+        if last or data.draw(st.booleans()):  # a server streaming takes each delta; one that is not, the last only
+            piece, piece_ids, _, _ = choice.delta()
+            sent_text, sent_ids = sent_text + piece, sent_ids + piece_ids
+        if last:
+            break
+    full = tok.decode(ids)
+    assert sent_text == choice.text and full.startswith(choice.text)
+    assert not any(stop in choice.text for stop in stops)
+    if choice.finish_reason == "stop":
+        assert any(full.startswith(stop, len(choice.text)) for stop in stops)
+        assert sent_ids == ids[: len(sent_ids)] and tok.decode(sent_ids).startswith(choice.text)
+    else:
+        assert choice.finish_reason == "length" and choice.text == full and sent_ids == ids
