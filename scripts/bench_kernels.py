@@ -206,8 +206,9 @@ def _read_kernel(src_ptr, out_ptr, chunk, rounds, num_chunks, BLOCK: tl.constexp
 
 def read_bandwidth(buffer_bytes: int, rounds: int) -> float:
     """Bytes/s all SMs read from a bf16 buffer of `buffer_bytes`: L2's bandwidth while it fits in L2, DRAM's beyond."""
-    block, programs = 2048, 4 * torch.cuda.get_device_properties(0).multi_processor_count
-    chunk = buffer_bytes // 2 // programs // block * block
+    block, blocks = 8192, buffer_bytes // 2 // 8192  # 16 KB a program in flight, several programs an SM
+    blocks_per_program = triton.cdiv(blocks, 8 * torch.cuda.get_device_properties(0).multi_processor_count)
+    programs, chunk = blocks // blocks_per_program, blocks_per_program * block
     src = torch.randn(programs * chunk, device="cuda", dtype=torch.bfloat16)
     out = torch.empty(programs * block, device="cuda")
     read = lambda s: _read_kernel[(programs,)](s, out, chunk, rounds, programs, BLOCK=block, num_warps=8)  # noqa: E731
