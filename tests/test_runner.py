@@ -357,6 +357,9 @@ def _gpu_requests(vocab):
     g = torch.Generator().manual_seed(0)
     prompt = lambda n: torch.randint(0, vocab, (n,), generator=g).tolist()
     base = dict(ignore_eos=True)
+    penalized = dict(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.2, min_tokens=5)
+    penalized["logit_bias"] = {7: 5.0, 11: -100.0}
+    sampled_bias = dict(repetition_penalty=1.3, logit_bias={3: 2.5}, **base)
     return [
         (prompt(100), SamplingParams(max_tokens=24, temperature=0, logprobs=5, **base)),
         (prompt(37), SamplingParams(max_tokens=30, temperature=0, **base)),
@@ -374,6 +377,15 @@ def _gpu_requests(vocab):
         (prompt(9), SamplingParams(max_tokens=26, temperature=0, prompt_logprobs=0, **base)),
         # Outlives the filtered rows: the last steps take the random variant that skips the sort.
         (prompt(11), SamplingParams(max_tokens=28, temperature=0.8, seed=7, logprobs=3, **base)),
+        # Penalized and biased, greedy and sampled (processed logprobs: the pass writes over the logits): the
+        # penalized graphs, the bias pass and the counts kept on the device.
+        (prompt(40), SamplingParams(max_tokens=20, temperature=0, logprobs=2, **penalized, **base)),
+        (
+            prompt(23),
+            SamplingParams(
+                max_tokens=18, temperature=0.8, top_k=20, seed=8, logprobs=1, logprobs_mode="processed", **sampled_bias
+            ),
+        ),
     ]
 
 

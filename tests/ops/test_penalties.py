@@ -119,6 +119,23 @@ def test_kernel_matches_the_reference(vocab):
     assert not torch.equal(out[held], inp["logits"][held])
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("vocab", [CHUNK + 5, 151_936])
+def test_kernel_matches_the_reference_on_gpu(vocab):
+    """Compiled for the GPU, whose barrier between a chunk's store and its biased tokens' rewrite is the hardware's:
+    every row exact against the reference, and the flagged rows written over their logits as well."""
+    inp = _inputs(vocab, seed=vocab + 2)
+    inp = {k: SlotState(*(t.cuda() for t in v)) if k == "state" else v.cuda() for k, v in inp.items()}
+    raw, write_rows = inp["logits"].clone(), torch.tensor([1, 0, 1, 1, 0, 0, 1, 0], dtype=torch.int32, device="cuda")
+    out = apply_penalties(**inp, out=torch.full_like(raw, float("nan")), write_rows=write_rows)
+    ref = apply_penalties_reference(**{**inp, "logits": raw})
+    _exact(out, ref)
+    flagged = write_rows != 0
+    _exact(inp["logits"][flagged], ref[flagged])
+    assert torch.equal(inp["logits"][~flagged].view(torch.int32), raw[~flagged].view(torch.int32))
+
+
 @pytest.mark.parametrize("kernel", [True, False])
 def test_flagged_rows_are_also_written_over_the_logits(monkeypatch, kernel):
     """write_rows: those rows' penalized values go over their logits too (a held and an unheld row among them);
