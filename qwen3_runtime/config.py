@@ -119,6 +119,12 @@ class EngineConfig:
                     f"in [1, max_num_seqs={self.max_num_seqs}]"
                 )
 
+    @property
+    def max_step_tokens(self) -> int:
+        """The most tokens a step can hold, which sizes the prefill's buffers: the budget, or every sequence at full
+        length when that is fewer."""
+        return min(self.max_num_batched_tokens, self.max_num_seqs * self.max_model_len)
+
 
 @dataclass(frozen=True)
 class LogprobsConfig:

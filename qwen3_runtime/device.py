@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+from collections.abc import Iterator
 
 import torch
 
@@ -68,6 +70,22 @@ def _cgroup_headroom() -> int | None:
     return None if limit == "max" else max(int(limit) - current, 0)
 
 
+@contextlib.contextmanager
+def allocations_sized_by_config(device: torch.device) -> Iterator[None]:
+    """The engine's buffers, graphs and KV cache are sized by the config: running out of memory while making them
+    is a ConfigError naming the keys that size them, not a traceback."""
+    try:
+        yield
+    except RuntimeError as e:  # torch.OutOfMemoryError on a GPU; the CPU allocator raises a plain RuntimeError
+        if not (isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e)):
+            raise
+        raise ConfigError(
+            f"out of memory on {device} while allocating the engine ({str(e).splitlines()[0]}): lower "
+            "engine.max_num_seqs, engine.max_num_batched_tokens, engine.max_model_len, engine.num_kv_blocks or "
+            "engine.gpu_memory_utilization"
+        ) from e
+
+
 def check_weights_fit(num_bytes: int, device: torch.device, dtype: torch.dtype) -> None:
     """A clear error instead of an out-of-memory kill when the weights alone exceed free memory."""
     free = available_memory(device)
@@ -82,22 +100,29 @@ def check_weights_fit(num_bytes: int, device: torch.device, dtype: torch.dtype) 
 def num_kv_blocks(
     engine: EngineConfig, arch: ArchitectureConfig, device: torch.device, dtype: torch.dtype, reserved: int = 0
 ) -> int:
-    """engine.num_kv_blocks, or enough for max_num_seqs full-length sequences, capped by
+    """engine.num_kv_blocks (checked to fit), or enough for max_num_seqs full-length sequences, capped by
     gpu_memory_utilization of the free memory (the GPU's, or the host's on the CPU) less `reserved` bytes (what
     the worst step needs: memory_profile.py)."""
     needed = cdiv(engine.max_model_len, engine.block_size)
+    free = available_memory(device)
+    per_block = kv_bytes_per_block(arch, engine.block_size, dtype)
     if engine.num_kv_blocks is not None:
         if engine.num_kv_blocks < needed:
             raise ConfigError(
                 f"engine.num_kv_blocks={engine.num_kv_blocks} is too small: one engine.max_model_len="
                 f"{engine.max_model_len} sequence needs {needed} blocks of engine.block_size={engine.block_size}"
             )
+        if free is not None and engine.num_kv_blocks * per_block > free - reserved:
+            raise ConfigError(
+                f"engine.num_kv_blocks={engine.num_kv_blocks} needs {engine.num_kv_blocks * per_block / _GIB:.2f} GiB "
+                f"but {device} has {free / _GIB:.2f} GiB free"
+                + (f", less {reserved / _GIB:.2f} GiB for the largest step" if reserved else "")
+                + ": lower engine.num_kv_blocks, or leave it null to size the cache from the free memory"
+            )
         return engine.num_kv_blocks
     blocks = engine.max_num_seqs * cdiv(engine.max_model_len, engine.block_size)
-    free = available_memory(device)
     if free is None:
         return blocks
-    per_block = kv_bytes_per_block(arch, engine.block_size, dtype)
     fit = max(0, int(free * engine.gpu_memory_utilization) - reserved) // per_block
     if fit < needed:
         raise ConfigError(

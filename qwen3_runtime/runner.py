@@ -81,14 +81,14 @@ class ModelRunner:
         self.stats = RunnerStats()
         max_blocks = cdiv(engine.max_model_len, engine.block_size)
         self.stager = InputStager(max_rows, max_blocks, engine.block_size, self.device, self._request_row)
-        max_tokens = engine.max_num_batched_tokens  # prompt chunks and the decoding rows riding along
+        max_tokens = engine.max_step_tokens  # prompt chunks and the decoding rows riding along
         self.prefill_stager = PrefillStager(
             max_tokens, max_rows, max_blocks, engine.block_size, self.group_size, self.device
         )
         self.logprobs = LogprobBuffers.allocate(max_rows, k_max, vocab, self.device)
         self.outputs = StepOutputs(max_rows, packed_width(k_max), self.device, self.stats)
         self.prompt_logprobs = PromptLogprobs(
-            config.logprobs.prompt_chunk_size, engine.max_num_batched_tokens, self.routing, vocab, self.device,
+            config.logprobs.prompt_chunk_size, max_tokens, self.routing, vocab, self.device,
             self.stats,
         )  # fmt: skip
         # Decode attention's split counts: zero between calls, so allocated once, before any capture.

@@ -14,7 +14,7 @@ from tqdm import tqdm
 from qwen3_runtime import ops
 from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.config import Config, ConfigError, load_config
-from qwen3_runtime.device import num_kv_blocks, resolve_device, resolve_dtype
+from qwen3_runtime.device import allocations_sized_by_config, num_kv_blocks, resolve_device, resolve_dtype
 from qwen3_runtime.kv_cache import allocate_kv_cache
 from qwen3_runtime.loader import load_model
 from qwen3_runtime.memory_profile import worst_step_bytes
@@ -48,12 +48,13 @@ class Runtime:
                 f"max_position_embeddings={arch.max_position_embeddings} of the model"
             )
         self.model.build_rope_table(engine.max_model_len)
-        self.runner = ModelRunner(self.model, config)
-        # The worst step's memory is set aside before the KV cache takes its share of what is free.
-        reserved = worst_step_bytes(self.runner, config, self.dtype) if self.device.type == "cuda" else 0
-        num_blocks = num_kv_blocks(engine, arch, self.device, self.dtype, reserved)
-        self.kv_cache = allocate_kv_cache(arch, num_blocks, engine.block_size, self.dtype, self.device)
-        self.runner.attach_kv_cache(self.kv_cache)
+        with allocations_sized_by_config(self.device):
+            self.runner = ModelRunner(self.model, config)
+            # The worst step's memory is set aside before the KV cache takes its share of what is free.
+            reserved = worst_step_bytes(self.runner, config, self.dtype) if self.device.type == "cuda" else 0
+            num_blocks = num_kv_blocks(engine, arch, self.device, self.dtype, reserved)
+            self.kv_cache = allocate_kv_cache(arch, num_blocks, engine.block_size, self.dtype, self.device)
+            self.runner.attach_kv_cache(self.kv_cache)
         self.scheduler = Scheduler(engine, BlockManager(num_blocks, engine.block_size, engine.prefix_caching))
         self.eos_token_ids = set(arch.eos_token_ids)
         self._next_id = 0

@@ -58,6 +58,12 @@ def test_bad_values_name_the_dotted_key(overrides, words):
         assert word in str(err.value), (word, str(err.value))
 
 
+def test_a_step_holds_at_most_every_sequence_at_full_length():
+    """So a budget far past it sizes no buffer past it."""
+    assert load_config("tiny").engine.max_step_tokens == 1024
+    assert load_config("tiny", {"engine.max_num_batched_tokens": 10**8}).engine.max_step_tokens == 8 * 256
+
+
 def test_bad_override_text_and_missing_file(tmp_path):
     with pytest.raises(ConfigError, match="key=value"):
         parse_override("logprobs.path")

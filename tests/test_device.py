@@ -33,6 +33,45 @@ def test_too_few_kv_blocks_names_the_key():
         dev.num_kv_blocks(cfg.engine, cfg.model.architecture, CPU, torch.float32)
 
 
+def test_explicit_kv_blocks_must_fit_the_free_memory(monkeypatch):
+    monkeypatch.setattr(dev, "host_available_memory", lambda: GIB)
+    cfg = load_config("tiny", {"engine.num_kv_blocks": 10**6})
+    engine, arch = cfg.engine, cfg.model.architecture
+    per_block = kv_bytes_per_block(arch, engine.block_size, torch.float32)
+    with pytest.raises(
+        ConfigError, match=r"^engine.num_kv_blocks=1000000 needs \d+\.\d\d GiB but cpu has 1.00 GiB free: "
+    ):
+        dev.num_kv_blocks(engine, arch, CPU, torch.float32)
+    fits = load_config("tiny", {"engine.num_kv_blocks": GIB // 2 // per_block}).engine
+    assert dev.num_kv_blocks(fits, arch, CPU, torch.float32) == GIB // 2 // per_block
+    with pytest.raises(ConfigError, match=r"free, less 0.75 GiB for the largest step: lower engine.num_kv_blocks"):
+        dev.num_kv_blocks(fits, arch, CPU, torch.float32, reserved=3 * GIB // 4)
+
+
+def test_running_out_of_memory_while_sizing_the_engine_names_the_keys(monkeypatch, make_runtime, tiny_checkpoint):
+    """A GPU's OutOfMemoryError and the CPU allocator's RuntimeError alike; any other error keeps its traceback."""
+    from qwen3_runtime import runtime
+
+    def kv_cache_raising(error: Exception):
+        def allocate(*args):
+            raise error
+
+        return allocate
+
+    for error in (
+        torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB"),
+        RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 99 bytes"),
+    ):
+        monkeypatch.setattr(runtime, "allocate_kv_cache", kv_cache_raising(error))
+        with pytest.raises(
+            ConfigError, match=r"^out of memory on cpu while allocating the engine \(.*\): lower engine"
+        ):
+            make_runtime(tiny_checkpoint)
+    monkeypatch.setattr(runtime, "allocate_kv_cache", kv_cache_raising(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="^a bug$"):
+        make_runtime(tiny_checkpoint)
+
+
 def test_weights_larger_than_memory_are_an_error_before_allocating(monkeypatch):
     monkeypatch.setattr(dev, "host_available_memory", lambda: 8 * GIB)
     arch = load_config("qwen3-32b").model.architecture

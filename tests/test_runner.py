@@ -288,6 +288,15 @@ def _check_padded_rows_never_write_the_cache(rt):
     assert torch.isnan(rt.kv_cache[:, :, reserved]).all()
 
 
+def test_a_budget_past_what_a_step_can_hold_sizes_no_buffer_past_it(make_runtime, tiny_checkpoint):
+    """max_num_batched_tokens far past max_num_seqs x max_model_len (a step never holds more) allocates as much."""
+    rt = make_runtime(tiny_checkpoint, engine__max_num_batched_tokens=10**9)
+    most = rt.config.engine.max_num_seqs * rt.config.engine.max_model_len
+    assert rt.runner.prefill_stager.inputs.tokens.shape[1] == rt.runner.prompt_logprobs.packed.shape[0] == most
+    params = SamplingParams(max_tokens=2, temperature=0, prompt_logprobs=1)
+    assert all(out.error is None for out in rt.generate([[5, 6, 7]] * 3, params))
+
+
 def test_a_row_restages_its_constants_when_another_request_takes_it(make_runtime, tiny_checkpoint):
     """Request constants are staged only when a row changes hands: the second request, moving into
     row 0 when the first finishes, must bring its own."""
