@@ -104,11 +104,9 @@ def _generation_eos(directory: Path) -> list[int]:
 def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
     """Allocate the model once on `device` (no init pass) and fill it tensor by tensor."""
     arch = read_architecture(cfg.path) if cfg.path else cfg.architecture
+    check_weights_fit(_num_weights(arch) * dtype.itemsize, device, dtype)
     with torch.device("meta"):
         model = Qwen3ForCausalLM(arch)
-    tied = arch.tie_word_embeddings
-    numel = sum(p.numel() for name, p in model.named_parameters() if not (tied and name == "lm_head.weight"))
-    check_weights_fit(numel * dtype.itemsize, device, dtype)
     model = model.to(dtype).to_empty(device=device)
     if cfg.path:
         _load_checkpoint(model, Path(cfg.path))
@@ -116,6 +114,16 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qw
         _init_random(model, cfg.seed)
     model.eval().requires_grad_(False)
     return model
+
+
+def _num_weights(arch: ArchitectureConfig) -> int:
+    """The model's weight count (tied embeddings once), from a one-layer copy on the meta device: counted before any
+    layer is built, so a shape far too large is refused at once."""
+    with torch.device("meta"):
+        one = Qwen3ForCausalLM(dataclasses.replace(arch, num_hidden_layers=1))
+    tied = arch.tie_word_embeddings
+    numel = sum(p.numel() for name, p in one.named_parameters() if not (tied and name == "lm_head.weight"))
+    return numel + (arch.num_hidden_layers - 1) * sum(p.numel() for p in one.model.layers[0].parameters())
 
 
 def _checkpoint_files(path: Path) -> list[Path]:

@@ -1,3 +1,5 @@
+import dataclasses
+
 import pytest
 import torch
 
@@ -76,6 +78,12 @@ def test_weights_larger_than_memory_are_an_error_before_allocating(monkeypatch):
     monkeypatch.setattr(dev, "host_available_memory", lambda: 8 * GIB)
     arch = load_config("qwen3-32b").model.architecture
     with pytest.raises(ConfigError, match=r"weights need 12\d\.\d GiB in float32 \(model.dtype\) but cpu has 8.0 GiB"):
+        load_model(ModelConfig(architecture=arch), CPU, torch.float32)
+
+
+def test_a_shape_far_too_large_is_refused_before_its_layers_are_built():
+    arch = dataclasses.replace(load_config("tiny").model.architecture, num_hidden_layers=2**62)
+    with pytest.raises(ConfigError, match=r"^the model's weights need \d+\.\d GiB in float32 \(model.dtype\)"):
         load_model(ModelConfig(architecture=arch), CPU, torch.float32)
 
 
