@@ -16,20 +16,28 @@ def _range(lo: float | None = None, hi: float | None = None, lo_open: bool = Fal
     return {"lo": lo, "hi": hi, "lo_open": lo_open}
 
 
+# Sizes and counts fit int32, which the kernels index with; seeds fit int64, as torch's generators take them.
+MAX_SIZE, MAX_SEED = 2**31 - 1, 2**63 - 1
+
+
+def _size(lo: int) -> dict:
+    return _range(lo, MAX_SIZE)
+
+
 @dataclass(frozen=True)
 class ArchitectureConfig:
     """Qwen3 shape, named as in Hugging Face's config.json; used when no checkpoint is given."""
 
-    vocab_size: int = field(metadata=_range(1))
-    hidden_size: int = field(metadata=_range(1))
-    intermediate_size: int = field(metadata=_range(1))
-    num_hidden_layers: int = field(metadata=_range(1))
-    num_attention_heads: int = field(metadata=_range(1))
-    num_key_value_heads: int = field(metadata=_range(1))
-    head_dim: int = field(default=128, metadata=_range(2))
+    vocab_size: int = field(metadata=_size(1))
+    hidden_size: int = field(metadata=_size(1))
+    intermediate_size: int = field(metadata=_size(1))
+    num_hidden_layers: int = field(metadata=_size(1))
+    num_attention_heads: int = field(metadata=_size(1))
+    num_key_value_heads: int = field(metadata=_size(1))
+    head_dim: int = field(default=128, metadata=_size(2))
     rms_norm_eps: float = field(default=1e-6, metadata=_range(0, lo_open=True))
     rope_theta: float = field(default=1e6, metadata=_range(0, lo_open=True))
-    max_position_embeddings: int = field(default=40960, metadata=_range(1))
+    max_position_embeddings: int = field(default=40960, metadata=_size(1))
     tie_word_embeddings: bool = False
     eos_token_id: int | list[int] | None = None
 
@@ -56,7 +64,7 @@ class ModelConfig:
     # The shape used for random weights when `path` is None.
     architecture: ArchitectureConfig | None = None
     # Seed of the random weights.
-    seed: int = field(default=0, metadata=_range(0))
+    seed: int = field(default=0, metadata=_range(0, MAX_SEED))
     # auto: bfloat16 on a GPU, float32 on the CPU.
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     # Text in and out: builtin (Qwen3's tokenizer, shipped offline) or a directory with tokenizer.json;
@@ -75,16 +83,16 @@ class ModelConfig:
 class EngineConfig:
     # auto: cuda when available, else cpu.
     device: str = "auto"
-    max_model_len: int = field(default=4096, metadata=_range(2))
-    max_num_seqs: int = field(default=64, metadata=_range(1))
+    max_model_len: int = field(default=4096, metadata=_size(2))
+    max_num_seqs: int = field(default=64, metadata=_size(1))
     # Tokens of one step, as vLLM counts them: the decoding requests riding in a prefill step (a token each) and
     # prompt chunks in the rest, so a longer prompt is prefilled over several steps and this bounds the decoding
     # requests' stall. At least max_num_seqs (vLLM's rule too), so the prompts always keep a token of it.
-    max_num_batched_tokens: int = field(default=8192, metadata=_range(1))
-    block_size: int = field(default=16, metadata=_range(1))
+    max_num_batched_tokens: int = field(default=8192, metadata=_size(1))
+    block_size: int = field(default=16, metadata=_size(1))
     # None: enough for max_num_seqs full-length sequences, capped by gpu_memory_utilization of the free memory less
     # what the largest step needs (memory_profile.py).
-    num_kv_blocks: int | None = field(default=None, metadata=_range(1))
+    num_kv_blocks: int | None = field(default=None, metadata=_size(1))
     gpu_memory_utilization: float = field(default=0.9, metadata=_range(0, 1, lo_open=True))
     # Capture the decode step in CUDA graphs (GPU only), one per padded batch size.
     cuda_graphs: bool = True
@@ -93,7 +101,7 @@ class EngineConfig:
     # Prefill steps of up to this many tokens (prompt chunks and decoding rows) replay CUDA graphs too, padded to
     # steps of 16 tokens up to 256, of 64 up to 1024, then of 256; longer ones run eagerly, where the GPU's time
     # hides the host's.
-    prefill_graph_max_tokens: int = field(default=2048, metadata=_range(1))
+    prefill_graph_max_tokens: int = field(default=2048, metadata=_size(1))
     # Launch each step (decode or prefill) before reading the one before, so the host's work overlaps the GPU's; a
     # request that stops on a token costs one discarded row in the step after.
     async_scheduling: bool = True
@@ -131,12 +139,12 @@ class LogprobsConfig:
     # device: reduce on the GPU, copy back O(k) numbers; host: copy full rows, scan in float64.
     path: Literal["device", "host"] = "device"
     # Largest `logprobs` / `prompt_logprobs` a request may ask for; -1 allows the full vocabulary.
-    max_logprobs: int = field(default=20, metadata=_range(-1))
+    max_logprobs: int = field(default=20, metadata=_range(-1, MAX_SIZE))
     # Default logprobs_mode of requests: raw (before temperature / top-k / top-p) or processed.
     mode: Literal["raw", "processed"] = "raw"
     # Prompt positions whose logits exist at once when computing prompt logprobs. Each chunk's lm_head product
     # reads the whole lm_head again: from about 512 rows it runs near the matmul rate (at 256, ~7% slower).
-    prompt_chunk_size: int = field(default=512, metadata=_range(1))
+    prompt_chunk_size: int = field(default=512, metadata=_size(1))
 
 
 @dataclass(frozen=True)
@@ -144,9 +152,9 @@ class GenerateConfig:
     """The CLI's main job: explicit prompts, or random prompts of a fixed length."""
 
     prompts: list[list[int]] | None = None
-    num_prompts: int = field(default=4, metadata=_range(1))
-    prompt_len: int = field(default=16, metadata=_range(1))
-    prompt_seed: int = field(default=0, metadata=_range(0))
+    num_prompts: int = field(default=4, metadata=_size(1))
+    prompt_len: int = field(default=16, metadata=_size(1))
+    prompt_seed: int = field(default=0, metadata=_range(0, MAX_SEED))
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
 
