@@ -1,3 +1,5 @@
+import dataclasses
+import typing
 from dataclasses import replace
 
 import pytest
@@ -6,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qwen3_runtime import SamplingParams
-from qwen3_runtime.config import ConfigError
+from qwen3_runtime.config import Config, ConfigError
 from qwen3_runtime.request import PENDING
 
 GREEDY = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
@@ -453,3 +455,36 @@ def test_any_sequence_of_requests_aborts_and_steps_gives_each_request_its_tokens
         assert (out.token_ids, out.finish_reason) == (expected.token_ids, expected.finish_reason)
         _close_logprobs(out.logprobs, expected.logprobs)
         _close_logprobs(out.prompt_logprobs, expected.prompt_logprobs)
+
+
+def _config_keys(cls, prefix: str = "") -> list[str]:
+    """Every dotted key of a config dataclass, the sections' own keys too."""
+    keys = []
+    for f in dataclasses.fields(cls):
+        hint = typing.get_type_hints(cls)[f.name]
+        section = next((t for t in (hint, *typing.get_args(hint)) if dataclasses.is_dataclass(t)), None)
+        keys += [f"{prefix}{f.name}", *(_config_keys(section, f"{prefix}{f.name}.") if section else [])]
+    return keys
+
+
+# Odd values of every type; the numbers small, or so large that nothing of their size can be allocated.
+_ODD_VALUES = [0, -1, 1, 2, 3, 7, 2**31, 2**63, 2**64, 10**12, float("nan"), float("inf"), 0.5, -0.5, "", "x", "cpu"]
+_ODD_VALUES += ["cuda", "float16", "host", True, False, None, [], [1], [[1]], [-1], {}, {"a": 1}]
+
+
+@settings(
+    max_examples=30,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+@given(overrides=st.dictionaries(st.sampled_from(_config_keys(Config)), st.sampled_from(_ODD_VALUES), max_size=3))
+def test_any_value_of_any_config_key_makes_an_engine_or_a_config_error(make_runtime, overrides):
+    """Never a traceback from a config: the engine builds and serves a request, or a ConfigError (or a request's
+    ValueError) says what is wrong."""
+    try:
+        rt = make_runtime(**{"engine__device": "cpu", **{key.replace(".", "__"): v for key, v in overrides.items()}})
+        assert rt.generate([[1, 2, 3]], SamplingParams(max_tokens=2))[0].error is None
+    except (ConfigError, ValueError):
+        pass
