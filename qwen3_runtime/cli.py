@@ -91,23 +91,44 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     serve = sub.add_parser("serve", help="serve the OpenAI API (completions, chat) over HTTP")
     serve.add_argument("--config", default="tiny", help="a YAML file or a bundled config; default: tiny")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind; default: 127.0.0.1 (this machine only)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_int_in(0, 65535), default=8000, help="port to listen on; default: 8000")
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
     serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (all but /health)")
     serve.add_argument(
-        "--max-request-bytes", type=int, default=4 << 20, help="a larger request body is a 413; default: 4 MiB"
+        "--max-request-bytes",
+        type=_int_in(1, None),
+        default=4 << 20,
+        help="a larger request body is a 413; default: 4 MiB",
     )
 
 
+def _int_in(lo: int, hi: int | None):
+    """An argparse type: an integer in [lo, hi] (no upper bound when hi is None)."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < lo or (hi is not None and value > hi):
+            raise argparse.ArgumentTypeError(
+                f"{value} is out of range: must be " + (f"in [{lo}, {hi}]" if hi is not None else f">= {lo}")
+            )
+        return value
+
+    return parse
+
+
 def _serve(args: argparse.Namespace) -> int:
-    """The server runs until interrupted; a bad config or a Runtime that cannot be built exits 2."""
+    """The server runs until interrupted; a bad config, an address it cannot listen on or a Runtime that cannot be
+    built exits 2."""
     from qwen3_runtime.server.engine_client import EngineStartError
-    from qwen3_runtime.server.launch import serve  # FastAPI and uvicorn only for this command
+    from qwen3_runtime.server.launch import ListenError, serve  # FastAPI and uvicorn only for this command
 
     try:
         overrides = dict(parse_override(s) for s in args.set)
         serve(args.config, overrides, args.host, args.port, args.api_key, args.max_request_bytes)
-    except (*USER_ERRORS, EngineStartError) as e:
+    except (*USER_ERRORS, EngineStartError, ListenError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -1,7 +1,8 @@
-"""`qwen3-runtime serve`: start the engine process, then serve the app with uvicorn until interrupted."""
+"""`qwen3-runtime serve`: listen, start the engine process, then serve the app with uvicorn until interrupted."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,27 @@ from qwen3_runtime.server.state import ServerState
 from qwen3_runtime.tokenizer import load_tokenizer
 
 
+class ListenError(Exception):
+    """The server cannot listen on the address it was given (a port in use, a host that is not this machine's)."""
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The server's socket, bound before the engine starts, so a bad address fails at once rather than after the
+    model has loaded and its graphs are captured."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        sock = socket.socket(family, kind, proto)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+        except OSError:
+            sock.close()
+            raise
+    except OSError as e:
+        raise ListenError(f"cannot listen on {host}:{port}: {e.strerror or e}") from e
+    return sock
+
+
 def serve(
     config: str,
     overrides: dict[str, Any],
@@ -26,25 +48,29 @@ def serve(
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> None:
-    """Raises ConfigError for a bad config, EngineStartError when the engine cannot build the Runtime."""
+    """Raises ConfigError for a bad config, ListenError for an address it cannot listen on, EngineStartError when
+    the engine cannot build the Runtime."""
     tokenizer = load_tokenizer(load_config(config, overrides).model)  # checks the config before a spawn
     tokenizer.load_token_tables()
-    metrics = ServerMetrics()
-    client = EngineClient(config, overrides, metrics)
-    limits = client.start()
-    graphs = f"CUDA graphs captured in {limits.capture_s:.1f} s" if limits.capture_s else "no CUDA graphs"
-    print(f"INFO:     engine ready: {limits.num_kv_blocks} KV blocks, {graphs}", flush=True)
-    metrics.attach_engine(lambda: client.stats)
-    state = ServerState(
-        client,
-        tokenizer,
-        Path(config).stem if config.endswith((".yaml", ".yml")) else config,
-        RequestLimits(limits.vocab_size, limits.max_model_len, limits.max_logprobs),
-        metrics,
-    )
-    app = build_app(state, api_key, max_request_bytes)
-    freeze_startup_objects()
-    try:
-        uvicorn.run(app, host=host, port=port, log_level="info")
-    finally:
-        client.shutdown()
+    with listen(host, port) as sock:
+        metrics = ServerMetrics()
+        client = EngineClient(config, overrides, metrics)
+        limits = client.start()
+        graphs = f"CUDA graphs captured in {limits.capture_s:.1f} s" if limits.capture_s else "no CUDA graphs"
+        print(f"INFO:     engine ready: {limits.num_kv_blocks} KV blocks, {graphs}", flush=True)
+        metrics.attach_engine(lambda: client.stats)
+        state = ServerState(
+            client,
+            tokenizer,
+            Path(config).stem if config.endswith((".yaml", ".yml")) else config,
+            RequestLimits(limits.vocab_size, limits.max_model_len, limits.max_logprobs),
+            metrics,
+        )
+        app = build_app(state, api_key, max_request_bytes)
+        freeze_startup_objects()
+        shown_host = f"[{host}]" if ":" in host else host
+        print(f"INFO:     serving on http://{shown_host}:{sock.getsockname()[1]} (Press CTRL+C to quit)", flush=True)
+        try:
+            uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
+        finally:
+            client.shutdown()
