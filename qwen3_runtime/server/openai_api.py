@@ -56,10 +56,19 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
+    card = {"id": state.model_name, "object": "model", "created": 0, "owned_by": "qwen3_runtime"}
+    card["max_model_len"] = state.limits.max_model_len
+
     @app.get("/v1/models")
     async def models() -> dict:
-        card = {"id": state.model_name, "object": "model", "created": 0, "owned_by": "qwen3_runtime"}
-        return {"object": "list", "data": [{**card, "max_model_len": state.limits.max_model_len}]}
+        return {"object": "list", "data": [card]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> dict:
+        """OpenAI's model retrieval (the openai client's models.retrieve)."""
+        if model != state.model_name:
+            raise APIError(f"The model '{model}' does not exist", "model", status=404, kind="NotFoundError")
+        return card
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:

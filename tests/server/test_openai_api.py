@@ -197,8 +197,12 @@ def wait_aborted(metric, aborted_before: float) -> None:
     assert metric("qwen3_runtime_num_requests_running") == 0
 
 
-def test_models_health_metrics(http, base_url, metric):
+def test_models_health_metrics(http, base_url, metric, client):
     assert http.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    assert client.models.retrieve("tiny").id == "tiny"
+    with pytest.raises(openai.NotFoundError) as err:
+        client.models.retrieve("gpt-4o")
+    assert err.value.body["message"] == "The model 'gpt-4o' does not exist" and err.value.body["param"] == "model"
     assert httpx.get(f"{base_url}/health").status_code == 200  # no key needed
     text = http.get("/metrics").text
     for name in ("time_to_first_token_seconds", "inter_token_latency_seconds", "engine_d2h_bytes_per_step"):
