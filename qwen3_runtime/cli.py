@@ -33,8 +33,10 @@ def main(argv: list[str] | None = None) -> int:
         config = load_config(args.config, dict(parse_override(s) for s in args.set))
         prompts = [_parse_ids(p) for p in args.prompt_ids]
         rt = Runtime(config)
-        texts = args.prompt + [rt.tokenizer.apply_chat_template([{"role": "user", "content": m}]) for m in args.chat]
-        prompts += [rt.tokenizer.encode(text) for text in texts]
+        # The tokenizer and the chat template are the config's: their errors stop the run. A text the tokenizer
+        # cannot read fails its own request in the Runtime, as a bad list of ids does.
+        tokenizer = rt.tokenizer if args.prompt or args.chat else None
+        prompts += args.prompt + [rt.tokenizer.apply_chat_template([{"role": "user", "content": m}]) for m in args.chat]
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -48,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter() - start
     if not args.quiet:
         for out in outputs:
-            _print_output(out, rt.tokenizer if texts else None)
+            _print_output(out, tokenizer)
     _print_timing(outputs, wall)
     return 1 if any(out.error for out in outputs) else 0
 

@@ -25,7 +25,7 @@ from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
 from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.tokenizer import Tokenizer, load_tokenizer
-from qwen3_runtime.validation import plain_token_ids
+from qwen3_runtime.validation import check_text, plain_token_ids
 
 # Token ids, text, or chat messages ([{"role": ..., "content": ...}, ...]).
 Prompt = list[int] | str | list[dict]
@@ -96,9 +96,9 @@ class Runtime:
     def _token_ids(self, prompt: Prompt) -> object:
         """Text and chat messages through the tokenizer; anything else is checked as token ids."""
         if isinstance(prompt, str):
-            return self.tokenizer.encode(prompt)
+            return self.tokenizer.encode(check_text("prompt", prompt))
         if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            return self.tokenizer.encode(self.tokenizer.apply_chat_template(prompt))
+            return self.tokenizer.encode(check_text("prompt", self.tokenizer.apply_chat_template(prompt)))
         return prompt
 
     def abort(self, request_id: int) -> None:

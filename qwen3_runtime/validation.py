@@ -107,6 +107,19 @@ def check_token_ids(name: str, value: object, vocab_size: int | None = None) -> 
     return ids
 
 
+def check_text(name: str, text: str) -> str:
+    """`text` if the tokenizer can read it: no unpaired surrogate, which is what bytes that are not UTF-8 become
+    in Python's arguments and file names (surrogateescape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{name} is not valid text: it holds an unpaired surrogate U+{ord(text[e.start]):04X} at index {e.start} "
+            "(bytes that are not UTF-8?)"
+        ) from None
+    return text
+
+
 def plain_token_ids(value: object) -> list[int]:
     """`value` as a list of ints when it is a list or tuple of integers (in range or not), else []:
     the prompt a rejected request's output reports (plain data, as every output is)."""

@@ -146,6 +146,18 @@ def test_version_and_python_dash_m(capsys, monkeypatch):
     assert exit_.value.code == 0 and capsys.readouterr().out.startswith("qwen3-runtime ")
 
 
+def test_a_text_that_is_not_utf8_fails_alone(capsys):
+    """argv holds bytes that are not UTF-8 as unpaired surrogates: that prompt's error, the others' output."""
+    rc, out, _ = _run(capsys, "--prompt", "a\udcffb", "--chat", "Hello", "--set", "generate.sampling.logprobs=null")
+    assert rc == 1
+    lines = out.splitlines()
+    assert lines[1] == (
+        "[0] error: prompt is not valid text: it holds an unpaired surrogate U+DCFF at index 1 (bytes that are not "
+        "UTF-8?)"
+    )
+    assert lines[2].startswith("[1] prompt 9 tokens")
+
+
 def test_text_and_chat_prompts_print_text(capsys):
     """The embedded default serves text: a prompt and a chat message go through Qwen3's tokenizer."""
     rc, out, _ = _run(capsys, "--prompt", "What is 2+2?", "--chat", "Hello", "--set", "generate.sampling.logprobs=null")

@@ -237,6 +237,18 @@ def test_text_and_chat_prompts_go_through_the_tokenizer(make_runtime):
     assert by_text[2].error == "prompt is empty: a request needs at least one prompt token id"
 
 
+def test_text_the_tokenizer_cannot_read_fails_its_request_alone(make_runtime):
+    """An unpaired surrogate (bytes that are not UTF-8, decoded with surrogateescape as argv is) in a text prompt or
+    a chat message: that request's ValueError names the prompt; the others run."""
+    rt = make_runtime()
+    bad_text, bad_chat = "ab\udcffcd", [{"role": "user", "content": "\ud800"}]
+    for prompt in (bad_text, bad_chat):
+        with pytest.raises(ValueError, match=r"^prompt is not valid text: it holds an unpaired surrogate U\+D[C8]"):
+            rt.add_request(prompt, SamplingParams())
+    outs = rt.generate([bad_text, "What is 2+2?", bad_chat], SamplingParams(max_tokens=2))
+    assert [out.error is None for out in outs] == [False, True, False] and len(outs[1].token_ids) == 2
+
+
 def _close_logprobs(a, b, tol=1e-4):
     """Two runs' logprob entries: the same tokens and ranks, values within tol."""
     if a is None or b is None:

@@ -10,6 +10,7 @@ from qwen3_runtime.validation import (
     check_float,
     check_int,
     check_range,
+    check_text,
     check_token_ids,
     plain_token_ids,
 )
@@ -85,3 +86,11 @@ def test_choice():
 def test_plain_token_ids_of_a_rejected_prompt():
     assert plain_token_ids((np.int64(1), -1)) == [1, -1] and type(plain_token_ids([np.int64(1)])[0]) is int
     assert plain_token_ids("ab") == [] == plain_token_ids([None]) == plain_token_ids(np.arange(3))
+
+
+def test_text_with_an_unpaired_surrogate_is_not_text():
+    assert check_text("prompt", "héllo 🙂") == "héllo 🙂"
+    with pytest.raises(
+        ValueError, match=r"^prompt is not valid text: it holds an unpaired surrogate U\+DCFF at index 1 "
+    ):
+        check_text("prompt", "a\udcffb")
