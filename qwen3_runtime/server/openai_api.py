@@ -56,8 +56,13 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     async def metrics() -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4; charset=utf-8")
 
-    card = {"id": state.model_name, "object": "model", "created": 0, "owned_by": "qwen3_runtime"}
-    card["max_model_len"] = state.limits.max_model_len
+    card = {
+        "id": state.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": "qwen3_runtime",
+        "max_model_len": state.limits.max_model_len,
+    }
 
     @app.get("/v1/models")
     async def models() -> dict:
