@@ -107,16 +107,24 @@ def check_token_ids(name: str, value: object, vocab_size: int | None = None) -> 
     return ids
 
 
-def check_text(name: str, text: str) -> str:
-    """`text` if the tokenizer can read it: no unpaired surrogate, which is what bytes that are not UTF-8 become
-    in Python's arguments and file names (surrogateescape)."""
+def is_text(text: str) -> bool:
+    """Whether the tokenizer (and UTF-8) can take `text`: no unpaired surrogate, which is what bytes that are not
+    UTF-8 become in Python's arguments and file names (surrogateescape) and what JSON's "\\ud800" decodes to."""
     try:
         text.encode("utf-8")
-    except UnicodeEncodeError as e:
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_text(name: str, text: str) -> str:
+    """`text` if it `is_text`; else a ValueError naming `name` and where the first unpaired surrogate is."""
+    if not is_text(text):
+        bad = next(i for i, c in enumerate(text) if not is_text(c))
         raise ValueError(
-            f"{name} is not valid text: it holds an unpaired surrogate U+{ord(text[e.start]):04X} at index {e.start} "
+            f"{name} is not valid text: it holds an unpaired surrogate U+{ord(text[bad]):04X} at index {bad} "
             "(bytes that are not UTF-8?)"
-        ) from None
+        )
     return text
 
 

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from qwen3_runtime.params import MAX_REPETITION_PENALTY
+from qwen3_runtime.validation import is_text
 
 log = logging.getLogger(__name__)
 
@@ -71,22 +72,14 @@ def unpaired_surrogate(body: dict) -> str | None:
     todo: list[tuple[str, Any]] = [("", body)]
     while todo:
         path, value = todo.pop()
-        if isinstance(value, str) and not _is_unicode(value):
+        if isinstance(value, str) and not is_text(value):
             return path
         items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
         for key, item in items:
-            if isinstance(key, str) and not _is_unicode(key):
+            if isinstance(key, str) and not is_text(key):
                 return path  # the object holding it: the key itself cannot be written out
             todo.append((f"{path}.{key}".lstrip(".") if isinstance(key, str) else f"{path}[{key}]", item))
     return None
-
-
-def _is_unicode(text: str) -> bool:
-    try:
-        text.encode()
-    except UnicodeEncodeError:
-        return False
-    return True
 
 
 class _Request(BaseModel):

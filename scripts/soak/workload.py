@@ -1,6 +1,7 @@
 """The soak's requests: a seeded, bounded mix of completions and chat, streamed or not, greedy, seeded or
 unseeded sampling, with logprobs, prompt logprobs, echo, stop strings, penalties and logit_bias, and n > 1, prompts
-sharing prefixes or not, up to max_model_len; plus the faults: disconnects, aborts, bursts of long prompts, bad requests (400 expected)."""
+sharing prefixes or not, up to max_model_len; plus the faults: disconnects, aborts, bursts of long prompts, bad
+requests (400 expected)."""
 
 from __future__ import annotations
 
