@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from qwen3_runtime.ops.penalties import SlotState, apply_penalties
@@ -44,7 +45,7 @@ class PenaltySlots:
 
     def acquire(self, reqs: Iterable[Request]) -> None:
         """A slot for each penalized request that has none yet: its counts zeroed, its stop ids, logit_bias and
-        prompt written (one upload, and one more for the biases' values). Slots are as many as the running
+        prompt written (one upload: the biases travel as their float32 bits). Slots are as many as the running
         requests can be, preempted ones included (the scheduler readmits those before any new request), so one
         is always free."""
         state = self.state
@@ -56,18 +57,19 @@ class PenaltySlots:
             slot = self.held[req.request_id] = self.free.pop()
             stops = req.params.min_tokens_stop_ids(self.eos_token_ids)
             bias = req.params.logit_bias or {}
-            device = state.output_counts.device
-            ids = stops + [-1] * (MAX_STOP_IDS - len(stops)) + list(bias) + req.prompt
-            ids = torch.tensor(ids, dtype=torch.int64).to(device, non_blocking=True)  # no wait for the step in flight
+            n, bias_bits = len(bias), np.asarray(list(bias.values()), dtype=np.float32).view(np.int32).tolist()
+            ids = stops + [-1] * (MAX_STOP_IDS - len(stops)) + list(bias) + bias_bits + req.prompt
+            ids = torch.tensor(ids, dtype=torch.int64).to(state.output_counts.device, non_blocking=True)
             state.stop_ids[slot] = ids[:MAX_STOP_IDS]
-            state.num_bias[slot] = len(bias)
-            if bias:
-                state.bias_ids[slot, : len(bias)] = ids[MAX_STOP_IDS : MAX_STOP_IDS + len(bias)]
-                values = torch.tensor(list(bias.values()), dtype=torch.float32).to(device, non_blocking=True)
-                state.bias_values[slot, : len(bias)] = values
+            state.num_bias[slot] = n
+            if n:
+                state.bias_ids[slot, :n] = ids[MAX_STOP_IDS : MAX_STOP_IDS + n]
+                state.bias_values[slot, :n] = (
+                    ids[MAX_STOP_IDS + n : MAX_STOP_IDS + 2 * n].to(torch.int32).view(torch.float32)
+                )
             state.output_counts[slot].zero_()
             state.prompt_mask[slot].zero_()
-            state.prompt_mask[slot, ids[MAX_STOP_IDS + len(bias) :]] = 1
+            state.prompt_mask[slot, ids[MAX_STOP_IDS + 2 * n :]] = 1
 
     def release(self, request_id: int) -> None:
         """Free the request's slot, if it holds one."""

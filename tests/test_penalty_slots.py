@@ -223,3 +223,26 @@ def test_a_preempted_penalized_request_keeps_its_counts(make_runtime, tiny_check
     assert rt.scheduler.num_preemptions > 0
     assert [o.token_ids for o in outs] == reference
     assert rt.runner.penalties.held == {}
+
+
+def test_a_slot_takes_the_requests_stop_ids_biases_and_prompt_exactly():
+    """At Qwen3's vocabulary and the full bias table (1,024 entries, negative and inexact values among them): what
+    acquire uploads in one copy lands in the slot's rows bit for bit."""
+    from qwen3_runtime.params import MAX_LOGIT_BIAS, MAX_STOP_IDS
+    from qwen3_runtime.penalty_slots import PenaltySlots
+    from qwen3_runtime.request import Request
+
+    vocab, g = 151_936, torch.Generator().manual_seed(0)
+    slots = PenaltySlots.allocate(2, vocab, [151_645], torch.device("cpu"))
+    tokens = torch.randperm(vocab, generator=g)[:MAX_LOGIT_BIAS].tolist()
+    values = [-100.0, 100.0, 0.1, -0.0] + ((torch.rand(MAX_LOGIT_BIAS - 4, generator=g) - 0.5) * 200).tolist()
+    prompt = [5, 17, 151_935, 5]
+    params = SamplingParams(max_tokens=8, min_tokens=2, stop_token_ids=[9], logit_bias=dict(zip(tokens, values)))
+    req = Request(0, prompt, params, seed=0)
+    slots.acquire([req])
+    slot, state = slots.slot(req), slots.state
+    assert state.num_bias[slot] == MAX_LOGIT_BIAS and state.bias_ids[slot].tolist() == tokens
+    assert torch.equal(state.bias_values[slot].view(torch.int32), torch.tensor(values).view(torch.int32))
+    assert state.stop_ids[slot].tolist() == [9, 151_645] + [-1] * (MAX_STOP_IDS - 2)
+    assert state.prompt_mask[slot].nonzero().flatten().tolist() == [5, 17, 151_935]
+    assert not state.output_counts[slot].any()
