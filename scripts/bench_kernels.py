@@ -227,7 +227,7 @@ def _skinny_launch(x: torch.Tensor, weight: torch.Tensor, tiles: Tiles, splits: 
     """The skinny kernel launched as given into an output allocated as linear (one slice, x's dtype) or
     linear_partials (fp32 slices of K) allocate theirs; returns (output, the launch over a weight)."""
     k, n_out = weight.shape[1], weight.shape[0] // (2 if gated else 1)
-    splits = triton.cdiv(k, triton.cdiv(triton.cdiv(k, splits), tiles.block_k) * tiles.block_k)  # no empty slice
+    splits = skinny.nonempty_splits(k, splits, tiles.block_k)
     if splits == 1:
         out = torch.empty(x.shape[0], n_out, dtype=x.dtype, device=x.device)
     else:

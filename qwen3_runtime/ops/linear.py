@@ -209,6 +209,12 @@ def _launch(
     )
 
 
+def nonempty_splits(k: int, splits: int, block_k: int) -> int:
+    """How many slices of whole block_k tiles `splits` slices of K come to once none is empty (512 columns in 3
+    slices of 128-wide tiles: 2 slices of 256)."""
+    return triton.cdiv(k, triton.cdiv(triton.cdiv(k, splits), block_k) * block_k)
+
+
 def _skinny(x: torch.Tensor, invariant: bool, max_rows: int = SKINNY_MAX_ROWS) -> bool:
     return not invariant and use_triton(x) and 0 < x.shape[0] <= max_rows
 
@@ -273,7 +279,7 @@ def linear_partials(
     n, k = weight.shape
     if splits is None:
         splits = max(1, min(num_sms(x.device) // triton.cdiv(n, BLOCK_N), k // (4 * BLOCK_K)))
-    splits = triton.cdiv(k, triton.cdiv(triton.cdiv(k, splits), BLOCK_K) * BLOCK_K)  # no empty slice
+    splits = nonempty_splits(k, splits, BLOCK_K)
     out = torch.empty(splits, x.shape[0], n, dtype=torch.float32, device=x.device)
     tiles = _prefetch_tiles(weight)
     if splits > 1:  # a slice's first tile, inside the row: every slice starts on a tile of a whole-tile K
