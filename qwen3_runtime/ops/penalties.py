@@ -10,8 +10,9 @@ added; tokens seen in the prompt or the output get logit / r when positive, logi
 logit -= frequency * count and -= presence * (count > 0) over the output's counts; then, while the row's
 suppress flag is set, its stop ids (-1 padded) get -inf. The bias is sparse (a short list of tokens a slot): a
 program stores its chunk unbiased, then computes the listed tokens that fall in its chunk again from their raw
-logits plus the bias, and writes them over it. The division rounds to nearest (tl.div_rn), as PyTorch's does, so
-kernel and reference agree bit for bit.
+logits plus the bias, and writes them over it. The division rounds to nearest (tl.div_rn) and no product is fused
+into the subtraction after it (enable_fp_fusion=False), each rounded once as in PyTorch, so kernel and reference
+agree bit for bit.
 """
 
 from __future__ import annotations
@@ -183,6 +184,7 @@ def apply_penalties(
             CHUNK=CHUNK,
             WRITE=write_rows is not None,
             num_warps=4,
+            enable_fp_fusion=False,
         )
     return out
 
