@@ -1,9 +1,11 @@
 """Top-p without a sort (sampler.sample_selected), for random rows asking top-p and no top-k: the kept tokens are a
 prefix of the stable descending order of the processed values, and the sampled token is the noisy argmax over that
 prefix. The full Gumbel pass has drawn each row's argmax over all its tokens (min-p applied) and stored every
-token's noisy value (processed + noise). Then, one program per row, rounds of one pass over the row: the mass
-ranked before the candidate says whether top-p keeps it (the mass before it, over the total, <= top_p, as
-ops/kept_prefix.py counts it); if not, the candidate becomes the noisy argmax among the tokens ranked before it.
+token's noisy value (processed + noise). Then rounds of one pass over the row: the mass ranked before the candidate
+says whether top-p keeps it (the mass before it, over the total, <= top_p, as ops/kept_prefix.py counts it); if
+not, the candidate becomes the noisy argmax among the tokens ranked before it. The first round, which every row
+takes, runs over the whole GPU (a program per chunk of a row, partial sums combined by the next kernel); the
+rarer later ones in one program per row.
 
 Why it is exact: a rejected candidate lies outside the kept prefix, so the tokens ranked before it still hold the
 whole prefix, and the argmax over a set holding the prefix, when it lies in the prefix, is the argmax over the
@@ -23,23 +25,35 @@ import triton.language as tl
 from qwen3_runtime.ops import TRITON_INTERPRET
 from qwen3_runtime.ops.gumbel_sample import processed_value, scaling_terms
 
-BLOCK = 4096
+BLOCK = 4096  # a row's tokens a step of the one-program rounds
 NUM_WARPS = 16
+CHUNK = 2048  # a row's tokens a program of the first round: many programs even for one row
 MARGIN = 1e-4  # far above float32's rounding of the sums (a relative ~1e-5 at Qwen3's vocabulary)
 
 
 @triton.jit
-def _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor, peak_value, vocab,
+def _row_terms(logits_ptr, temperature_ptr, peak_ptr, min_p_ptr, token_ptr, row, stride_row, LIBDEVICE: tl.constexpr):
+    """A row's processing terms (scaling_terms), its largest processed value, and its candidate with its value."""
+    temperature = tl.load(temperature_ptr + row)
+    peak = tl.load(peak_ptr + row)
+    shift, floor = scaling_terms(peak, temperature, tl.load(min_p_ptr + row), LIBDEVICE)
+    token = tl.load(token_ptr + row).to(tl.int32)
+    value_c = processed_value(tl.load(logits_ptr + row * stride_row + token), shift, temperature, floor)
+    return shift, floor, temperature, tl.math.div_rn(peak - shift, temperature), token, value_c
+
+
+@triton.jit
+def _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor, peak_value, lo, hi, vocab,
            BLOCK: tl.constexpr, EXACT: tl.constexpr):  # fmt: skip
-    """One pass over a row: (the mass ranked before token `token` of processed value `value_c`, the row's mass,
-    the noisy argmax among the tokens ranked before it), the masses relative to exp(peak_value), in float64
-    exponentials if EXACT. Lane-wise accumulators: no reduction across the program until the end."""
+    """One pass over tokens [lo, hi) of a row: (the mass ranked before token `token` of processed value `value_c`,
+    the mass, the largest noisy value among the tokens ranked before it and its id), the masses relative to
+    exp(peak_value), in float64 exponentials if EXACT. Lane-wise accumulators: no reduction until the end."""
     dtype = tl.float64 if EXACT else tl.float32
     before = tl.zeros([BLOCK], dtype)
     total = tl.zeros([BLOCK], dtype)
     best = tl.full([BLOCK], float("-inf"), tl.float32)
     best_id = tl.full([BLOCK], 0, tl.int32) + vocab
-    for start in range(0, vocab, BLOCK):
+    for start in range(lo, hi, BLOCK):
         ids = start + tl.arange(0, BLOCK)
         x = tl.load(row_ptr + ids, mask=ids < vocab, other=float("-inf"))
         noisy = tl.load(noisy_row_ptr + ids, mask=ids < vocab, other=float("-inf"))
@@ -54,35 +68,67 @@ def _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor, pe
         best_id = tl.where(better, ids, best_id)
     largest = tl.max(best, axis=0)
     ahead_argmax = tl.min(tl.where(best == largest, best_id, vocab), axis=0)
-    return tl.sum(before.to(tl.float64), axis=0), tl.sum(total.to(tl.float64), axis=0), ahead_argmax
+    return tl.sum(before.to(tl.float64), axis=0), tl.sum(total.to(tl.float64), axis=0), largest, ahead_argmax
+
+
+@triton.jit
+def _first_round_kernel(
+    logits_ptr, noisy_ptr, pending_ptr, temperature_ptr, peak_ptr, min_p_ptr, token_ptr,
+    before_ptr, total_ptr, best_ptr, best_id_ptr, vocab, stride_row, num_chunks,
+    CHUNK: tl.constexpr, LIBDEVICE: tl.constexpr,
+):  # fmt: skip
+    """Program (row, chunk): the first round over one chunk of a pending row, as partial sums and a partial argmax."""
+    row = tl.program_id(0).to(tl.int64)
+    if tl.load(pending_ptr + row) == 0:
+        return
+    chunk = tl.program_id(1)
+    shift, floor, temperature, peak_value, token, value_c = _row_terms(
+        logits_ptr, temperature_ptr, peak_ptr, min_p_ptr, token_ptr, row, stride_row, LIBDEVICE
+    )
+    lo, row_ptr, noisy_row_ptr = chunk * CHUNK, logits_ptr + row * stride_row, noisy_ptr + row * vocab
+    before, total, best, best_id = _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor,
+                                          peak_value, lo, lo + CHUNK, vocab, CHUNK, False)  # fmt: skip
+    at = row * num_chunks + chunk
+    tl.store(before_ptr + at, before)
+    tl.store(total_ptr + at, total)
+    tl.store(best_ptr + at, best)
+    tl.store(best_id_ptr + at, best_id)
 
 
 @triton.jit
 def _reject_kernel(
     logits_ptr, noisy_ptr, pending_ptr, temperature_ptr, peak_ptr, min_p_ptr, top_p_ptr, token_ptr,
-    vocab, stride_row, margin, BLOCK: tl.constexpr, LIBDEVICE: tl.constexpr,
+    before_ptr, total_ptr, best_ptr, best_id_ptr, vocab, stride_row, num_chunks, margin,
+    BLOCK: tl.constexpr, BLOCK_CHUNKS: tl.constexpr, LIBDEVICE: tl.constexpr,
 ):  # fmt: skip
+    """Program per pending row: the first round from its chunks' partials, then rounds over the row until kept."""
     row = tl.program_id(0).to(tl.int64)
     if tl.load(pending_ptr + row) == 0:
         return
     row_ptr = logits_ptr + row * stride_row
     noisy_row_ptr = noisy_ptr + row * vocab
-    temperature = tl.load(temperature_ptr + row)
-    shift, floor = scaling_terms(tl.load(peak_ptr + row), temperature, tl.load(min_p_ptr + row), LIBDEVICE)
-    peak_value = tl.math.div_rn(tl.load(peak_ptr + row) - shift, temperature)  # the largest processed value
+    shift, floor, temperature, peak_value, token, value_c = _row_terms(
+        logits_ptr, temperature_ptr, peak_ptr, min_p_ptr, token_ptr, row, stride_row, LIBDEVICE
+    )
     top_p = tl.load(top_p_ptr + row).to(tl.float64)
-    token = tl.load(token_ptr + row).to(tl.int32)
-    kept = tl.zeros([], tl.int1)
-    while not kept:
-        value_c = processed_value(tl.load(row_ptr + token), shift, temperature, floor)
-        before, total, ahead = _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor,
-                                      peak_value, vocab, BLOCK, False)  # fmt: skip
+    chunks = tl.arange(0, BLOCK_CHUNKS)
+    at, in_row = row * num_chunks + chunks, chunks < num_chunks
+    before = tl.sum(tl.load(before_ptr + at, mask=in_row, other=0.0), axis=0)
+    total = tl.sum(tl.load(total_ptr + at, mask=in_row, other=0.0), axis=0)
+    best = tl.load(best_ptr + at, mask=in_row, other=float("-inf"))
+    ahead = tl.min(tl.where(best == tl.max(best, axis=0), tl.load(best_id_ptr + at, mask=in_row, other=vocab), vocab))
+    undecided = True
+    while undecided:
         if tl.abs(before / total - top_p) <= margin:
-            before, total, ahead = _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor,
-                                          peak_value, vocab, BLOCK, True)  # fmt: skip
-        kept = before / total <= top_p
-        if not kept:
+            before, total, _, ahead = _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor,
+                                             peak_value, 0, vocab, vocab, BLOCK, True)  # fmt: skip
+        if before / total <= top_p:
+            undecided = False
+        else:
             token = ahead
+            value_c = processed_value(tl.load(row_ptr + token), shift, temperature, floor)
+            before, total, _, ahead = _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor,
+                                             peak_value, 0, vocab, vocab, BLOCK, False)  # fmt: skip
     tl.store(token_ptr + row, token.to(tl.int64))
 
 
@@ -100,12 +146,22 @@ def top_p_reject(
     """In place on `token` [B] int64 (each row's noisy argmax over all its tokens, min-p applied): rows with
     pending != 0 [B] get the noisy argmax over what top_p [B] f32 keeps (see the module's docstring). raw fp32
     logits [B, V], their processed values + noise `noisy` [B, V] (-inf below min-p), each row's largest logit
-    `peak` [B] (finite on pending rows). No allocation: capturable in a CUDA graph."""
+    `peak` [B] (finite on pending rows). Allocates only by (B, V): capturable in a CUDA graph."""
     rows, vocab = logits.shape
     assert logits.dtype == noisy.dtype == torch.float32 and logits.stride(1) == 1 and noisy.is_contiguous()
     assert noisy.shape == logits.shape and token.dtype == torch.int64
-    if rows:
-        _reject_kernel[(rows,)](
-            logits, noisy, pending, temperature, peak, min_p, top_p, token, vocab, logits.stride(0), margin,
-            BLOCK=BLOCK, LIBDEVICE=not TRITON_INTERPRET, num_warps=NUM_WARPS,
-        )  # fmt: skip
+    if not rows:
+        return
+    num_chunks = triton.cdiv(vocab, CHUNK)
+    sums = torch.empty(2, rows, num_chunks, dtype=torch.float64, device=logits.device)  # before, total
+    best = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
+    best_id = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
+    row_args = (logits, noisy, pending, temperature, peak, min_p)
+    partials = (sums[0], sums[1], best, best_id, vocab, logits.stride(0), num_chunks)
+    _first_round_kernel[(rows, num_chunks)](
+        *row_args, token, *partials, CHUNK=CHUNK, LIBDEVICE=not TRITON_INTERPRET, num_warps=4
+    )
+    _reject_kernel[(rows,)](
+        *row_args, top_p, token, *partials, margin, BLOCK=BLOCK, BLOCK_CHUNKS=triton.next_power_of_2(num_chunks),
+        LIBDEVICE=not TRITON_INTERPRET, num_warps=NUM_WARPS,
+    )  # fmt: skip
