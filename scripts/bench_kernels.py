@@ -2,7 +2,8 @@
 the Qwen3-4B projections through cuBLAS against ops/linear.py's skinny GEMM, the paged decode
 attention's tile size and split count, what engine.batch_invariant's GEMM costs against cuBLAS, the
 sampler's passes over a step's [B, 151936] logits (each against greedy's argmax, the pass every step has),
-and the skinny GEMM's tile widths at 64-128 rows against the L2 traffic each causes (`--parts tiles`).
+the skinny GEMM's tile widths at 64-128 rows against the L2 traffic each causes (`--parts tiles`), and its weight
+bandwidth against how many programs each SM holds (`--parts balance`).
 
 Usage: python -m scripts.bench_kernels --out DIR
 """
@@ -281,6 +282,34 @@ def tile_rows(batches: list[int]) -> list[dict]:
     return [bandwidth, *rows]
 
 
+def balance_rows(batches: list[int], bandwidth: float) -> list[dict]:
+    """The skinny kernel's weight bandwidth against its programs per SM: gate/up (gated, whole K) and down_proj
+    (split-K partials) at their own K, their weight rows scaled so that a launch holds 1-4 programs an SM, beside
+    the real shape's count (gate/up's 304 programs, down_proj's 120 in three slices of K)."""
+    rows, sms = [], torch.cuda.get_device_properties(0).multi_processor_count
+    launches = [("gate_up", 2 * 32 * p, 2560, Tiles(64, 64, 4, 4), 1, True) for p in (sms, 2 * sms, 3 * sms, 4 * sms)]
+    launches += [("gate_up", 19456, 2560, Tiles(64, 64, 4, stages), 1, True) for stages in (3, 4)]
+    launches += [("down", n, 9728, Tiles(64, 128), splits, False) for n, splits in ((2560, 3), (2560, 6))]
+    launches += [("down", 64 * sms // 3, 9728, Tiles(64, 128), 3, False)]
+    for m, (name, n, k, tiles, splits, gated) in itertools.product(batches, launches):
+        weights = _weights(n, k)
+        x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        out, launch = _skinny_launch(x, weights[0], tiles, splits, gated)
+        us = graph_us_per_call(launch, weights)
+        slices = out.shape[0] if out.dim() == 3 else 1  # the split count once no slice of K is empty
+        programs = triton.cdiv(out.shape[-1], tiles.block_n // 2 if gated else tiles.block_n) * slices
+        row = {"shape": name, "m": m, "n": n, "k": k, **tiles._asdict(), "splits": slices, "programs": programs,
+               "us": us, "of_copy": n * k * 2 / (us * 1e-6) / bandwidth}  # fmt: skip
+        rows.append(row)
+        print(
+            f"{name:8s} m={m:3d} n={n:6d} {tiles} splits={slices}: {programs:4d} programs "
+            f"({programs / sms:4.2f} an SM) {us:6.1f} us, weights at {100 * row['of_copy']:4.1f}% of the copy bandwidth",
+            flush=True,
+        )
+        del weights
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--batch", type=int, nargs="+", default=[1, 8, 16, 32])
@@ -288,7 +317,7 @@ def main() -> None:
         "--parts",
         nargs="+",
         default=["gemm", "attention"],
-        choices=["gemm", "attention", "invariant", "sampling", "tiles"],
+        choices=["gemm", "attention", "invariant", "sampling", "tiles", "balance"],
     )
     parser.add_argument("--invariant-rows", type=int, nargs="+", default=[16, 64, 256, 1024, 2048])
     parser.add_argument("--sampling-rows", type=int, nargs="+", default=[1, 8, 32, 64, 128, 256])
@@ -307,6 +336,8 @@ def main() -> None:
         result["sampling"] = sampling_rows(args.sampling_rows)
     if "tiles" in args.parts:
         result["tiles"] = tile_rows(args.tile_rows)
+    if "balance" in args.parts:
+        result["balance"] = balance_rows(args.tile_rows, bandwidth)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "kernels.json").write_text(json.dumps(result, indent=2))
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU tests and benchmarks, run on the H200 through the device tool; results land under $OUT.
 #   [QUICK=1] bash scripts/gpu_check.sh [tests] [repeat] [parity] [profile] [timeline] [decode] [kernels] [tiles]
-#                                      [reduce] [lm_head] [logprobs] [sampling] [prefill] [prefill_e2e]
+#                                      [balance] [reduce] [lm_head] [logprobs] [sampling] [prefill] [prefill_e2e]
 #                                      [sampled] [arrivals] [serving] [soak] [soak_replay]
 #   (arrivals, serving and soak need the server's wheels)
 #   (default: all; QUICK=1: decode and logprobs with fewer tokens and repetitions, a few minutes)
@@ -30,6 +30,7 @@ for step in $steps; do
                --sampling greedy temperature filtered top_p penalized min_p --out "$OUT/sampled" ;;
     kernels) run python3 -m scripts.bench_kernels --out "$OUT" ;;
     tiles) run python3 -m scripts.bench_kernels --parts tiles --out "$OUT/tiles" ;;
+    balance) run python3 -m scripts.bench_kernels --parts balance --out "$OUT/balance" ;;
     reduce) run python3 -m scripts.bench_reduce ${QUICK:+--quick} --out "$OUT" ;;
     lm_head) run python3 -m scripts.bench_lm_head --out "$OUT" ;;
     logprobs) run python3 -m scripts.bench_logprobs ${QUICK:+--quick} --out "$OUT" ;;
