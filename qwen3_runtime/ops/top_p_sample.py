@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from qwen3_runtime.ops import TRITON_INTERPRET
+from qwen3_runtime.ops.greedy import largest_first
 from qwen3_runtime.ops.gumbel_sample import processed_value, scaling_terms
 
 BLOCK = 4096  # a row's tokens a step of the one-program rounds
@@ -66,8 +67,7 @@ def _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor, pe
         better = ahead & (noisy > best)  # a lane's ids rise from block to block: a tie keeps the lower one
         best = tl.where(better, noisy, best)
         best_id = tl.where(better, ids, best_id)
-    largest = tl.max(best, axis=0)
-    ahead_argmax = tl.min(tl.where(best == largest, best_id, vocab), axis=0)
+    largest, ahead_argmax = largest_first(best, best_id, vocab)
     return tl.sum(before.to(tl.float64), axis=0), tl.sum(total.to(tl.float64), axis=0), largest, ahead_argmax
 
 
@@ -116,7 +116,7 @@ def _reject_kernel(
     before = tl.sum(tl.load(before_ptr + at, mask=in_row, other=0.0), axis=0)
     total = tl.sum(tl.load(total_ptr + at, mask=in_row, other=0.0), axis=0)
     best = tl.load(best_ptr + at, mask=in_row, other=float("-inf"))
-    ahead = tl.min(tl.where(best == tl.max(best, axis=0), tl.load(best_id_ptr + at, mask=in_row, other=vocab), vocab))
+    _, ahead = largest_first(best, tl.load(best_id_ptr + at, mask=in_row, other=vocab), vocab)  # chunks in id order
     undecided = True
     while undecided:
         if tl.abs(before / total - top_p) <= margin:
