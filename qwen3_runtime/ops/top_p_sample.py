@@ -3,9 +3,9 @@ prefix of the stable descending order of the processed values, and the sampled t
 prefix. The full Gumbel pass has drawn each row's argmax over all its tokens (min-p applied) and stored every
 token's noisy value (processed + noise). Then rounds of one pass over the row: the mass ranked before the candidate
 says whether top-p keeps it (the mass before it, over the total, <= top_p, as ops/kept_prefix.py counts it); if
-not, the candidate becomes the noisy argmax among the tokens ranked before it. The first round, which every row
-takes, runs over the whole GPU (a program per chunk of a row, partial sums combined by the next kernel); the
-rarer later ones in one program per row.
+not, the candidate becomes the noisy argmax among the tokens ranked before it. The first SPREAD_ROUNDS rounds run
+over the whole GPU (a program per chunk of a row, partial sums combined by a program per row, which decides); a row
+still undecided after them, rare, finishes its rounds in that one program.
 
 Why it is exact: a rejected candidate lies outside the kept prefix, so the tokens ranked before it still hold the
 whole prefix, and the argmax over a set holding the prefix, when it lies in the prefix, is the argmax over the
@@ -28,7 +28,10 @@ from qwen3_runtime.ops.gumbel_sample import processed_value, scaling_terms
 
 BLOCK = 4096  # a row's tokens a step of the one-program rounds
 NUM_WARPS = 16
-CHUNK = 2048  # a row's tokens a program of the first round: many programs even for one row
+CHUNK = 2048  # a row's tokens a program of the spread rounds: many programs even for one row
+# Most rows take one round, a fifth two; of 256 rows a few take three or four. A spread round costs two launches
+# even when no row is left, a round in one program per row reads the row through one SM.
+SPREAD_ROUNDS = 3
 MARGIN = 1e-4  # far above float32's rounding of the sums (a relative ~1e-5 at Qwen3's vocabulary)
 
 
@@ -72,12 +75,12 @@ def _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor, pe
 
 
 @triton.jit
-def _first_round_kernel(
+def _spread_round_kernel(
     logits_ptr, noisy_ptr, pending_ptr, temperature_ptr, peak_ptr, min_p_ptr, token_ptr,
     before_ptr, total_ptr, best_ptr, best_id_ptr, vocab, stride_row, num_chunks,
     CHUNK: tl.constexpr, LIBDEVICE: tl.constexpr,
 ):  # fmt: skip
-    """Program (row, chunk): the first round over one chunk of a pending row, as partial sums and a partial argmax."""
+    """Program (row, chunk): a round over one chunk of an undecided row, as partial sums and a partial argmax."""
     row = tl.program_id(0).to(tl.int64)
     if tl.load(pending_ptr + row) == 0:
         return
@@ -96,12 +99,14 @@ def _first_round_kernel(
 
 
 @triton.jit
-def _reject_kernel(
+def _decide_kernel(
     logits_ptr, noisy_ptr, pending_ptr, temperature_ptr, peak_ptr, min_p_ptr, top_p_ptr, token_ptr,
     before_ptr, total_ptr, best_ptr, best_id_ptr, vocab, stride_row, num_chunks, margin,
-    BLOCK: tl.constexpr, BLOCK_CHUNKS: tl.constexpr, LIBDEVICE: tl.constexpr,
+    BLOCK: tl.constexpr, BLOCK_CHUNKS: tl.constexpr, LIBDEVICE: tl.constexpr, FINISH: tl.constexpr,
 ):  # fmt: skip
-    """Program per pending row: the first round from its chunks' partials, then rounds over the row until kept."""
+    """Program per undecided row: the spread round's verdict from its chunks' partials. Kept: the row is decided.
+    Rejected: the candidate becomes the noisy argmax ranked before it, for the next spread round to weigh, or, if
+    FINISH, for the rounds this program runs over the row until one keeps its candidate."""
     row = tl.program_id(0).to(tl.int64)
     if tl.load(pending_ptr + row) == 0:
         return
@@ -124,11 +129,15 @@ def _reject_kernel(
                                              peak_value, 0, vocab, vocab, BLOCK, True)  # fmt: skip
         if before / total <= top_p:
             undecided = False
+            tl.store(pending_ptr + row, 0)
         else:
             token = ahead
-            value_c = processed_value(tl.load(row_ptr + token), shift, temperature, floor)
-            before, total, _, ahead = _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor,
-                                             peak_value, 0, vocab, vocab, BLOCK, False)  # fmt: skip
+            if FINISH:
+                value_c = processed_value(tl.load(row_ptr + token), shift, temperature, floor)
+                before, total, _, ahead = _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature,
+                                                 floor, peak_value, 0, vocab, vocab, BLOCK, False)  # fmt: skip
+            else:
+                undecided = False
     tl.store(token_ptr + row, token.to(tl.int64))
 
 
@@ -153,15 +162,17 @@ def top_p_reject(
     if not rows:
         return
     num_chunks = triton.cdiv(vocab, CHUNK)
+    undecided = pending.to(torch.int8, copy=True)  # cleared row by row as rounds keep their candidates
     sums = torch.empty(2, rows, num_chunks, dtype=torch.float64, device=logits.device)  # before, total
     best = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
     best_id = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
-    row_args = (logits, noisy, pending, temperature, peak, min_p)
+    row_args = (logits, noisy, undecided, temperature, peak, min_p)
     partials = (sums[0], sums[1], best, best_id, vocab, logits.stride(0), num_chunks)
-    _first_round_kernel[(rows, num_chunks)](
-        *row_args, token, *partials, CHUNK=CHUNK, LIBDEVICE=not TRITON_INTERPRET, num_warps=4
-    )
-    _reject_kernel[(rows,)](
-        *row_args, top_p, token, *partials, margin, BLOCK=BLOCK, BLOCK_CHUNKS=triton.next_power_of_2(num_chunks),
-        LIBDEVICE=not TRITON_INTERPRET, num_warps=NUM_WARPS,
-    )  # fmt: skip
+    for spread_round in range(SPREAD_ROUNDS):
+        _spread_round_kernel[(rows, num_chunks)](
+            *row_args, token, *partials, CHUNK=CHUNK, LIBDEVICE=not TRITON_INTERPRET, num_warps=4
+        )
+        _decide_kernel[(rows,)](
+            *row_args, top_p, token, *partials, margin, BLOCK=BLOCK, BLOCK_CHUNKS=triton.next_power_of_2(num_chunks),
+            LIBDEVICE=not TRITON_INTERPRET, FINISH=spread_round == SPREAD_ROUNDS - 1, num_warps=NUM_WARPS,
+        )  # fmt: skip

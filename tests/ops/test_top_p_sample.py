@@ -81,10 +81,12 @@ def _check(vocab: int, device: str, margin: float | None = None, copies: int = 1
     return (token != start)[flagged].sum()
 
 
-def test_rounds_sample_as_the_sort(monkeypatch):
+@pytest.mark.parametrize("spread_rounds", [1, 2])  # rows past the spread rounds finish in one program each
+def test_rounds_sample_as_the_sort(monkeypatch, spread_rounds):
     monkeypatch.setattr(top_p_sample, "BLOCK", 1024)  # several blocks a pass, the last one partial
-    monkeypatch.setattr(top_p_sample, "CHUNK", 512)  # the first round over nine chunks, the last one partial
-    assert _check(4 * 1024 + 77, "cpu") > 0  # some rows took more than one round
+    monkeypatch.setattr(top_p_sample, "CHUNK", 512)  # a spread round over nine chunks, the last one partial
+    monkeypatch.setattr(top_p_sample, "SPREAD_ROUNDS", spread_rounds)
+    assert _check(4 * 1024 + 77, "cpu", copies=2) > 0  # some rows took more than one round
 
 
 def test_rounds_in_float64_sample_as_the_sort():
