@@ -1,9 +1,10 @@
 """Per-kernel decisions for the decode step, measured on the GPU (CUDA-graph replay medians, µs):
 the Qwen3-4B projections through cuBLAS against ops/linear.py's skinny GEMM, the paged decode
-attention's tile size and split count (and its program shape past one wave of programs), what engine.batch_invariant's GEMM costs against cuBLAS, the
-sampler's passes over a step's [B, 151936] logits (each against greedy's argmax, the pass every step has),
-the skinny GEMM's tile widths at 64-128 rows against the L2 traffic each causes (`--parts tiles`), and its weight
-bandwidth against how many programs each SM holds (`--parts balance`).
+attention's tile size and split count (and its program shape past one wave of programs), what
+engine.batch_invariant's GEMM costs against cuBLAS, the sampler's passes over a step's [B, 151936] logits
+(each against greedy's argmax, the pass every step has), the skinny GEMM's tile widths at 64-128 rows
+against the L2 traffic each causes (`--parts tiles`), and its weight bandwidth against how many programs
+each SM holds (`--parts balance`).
 
 Usage: python -m scripts.bench_kernels --out DIR
 """
