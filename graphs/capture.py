@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 Step = Callable[[int, Hashable], Any]
+WARMUP_RUNS = 2  # eager runs before a capture: the first compiles Triton kernels, both settle the allocator
 
 
 def default_buckets(max_batch: int) -> list[int]:
@@ -45,12 +46,12 @@ class StepGraphs:
         i = bisect.bisect_left(self.buckets, num_rows)
         return self.buckets[i] if i < len(self.buckets) else num_rows
 
-    def capture(self, warmup: int = 2) -> None:
+    def capture(self) -> None:
         """Largest bucket first, so smaller graphs reuse its memory in the one shared pool."""
         pool = torch.cuda.graph_pool_handle()
         for variant in self.variants:
             for padded_rows in reversed(self.buckets):
-                for _ in range(warmup):  # compiles Triton kernels, settles the allocator
+                for _ in range(WARMUP_RUNS):
                     self.step(padded_rows, variant)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
@@ -59,14 +60,14 @@ class StepGraphs:
                 self.graphs[(padded_rows, variant)] = (graph, outputs)
         torch.cuda.synchronize()
 
-    def run(self, num_rows: int, variant: Hashable = None) -> tuple[int, Any]:
-        """Run the step for `num_rows` real rows; returns the padded row count and the step's outputs."""
+    def run(self, num_rows: int, variant: Hashable = None) -> Any:
+        """Run the step for `num_rows` real rows, padded to their bucket (padded_size); returns its outputs."""
         padded_rows = self.padded_size(num_rows)
         captured = self.graphs.get((padded_rows, variant))
         if captured is None:
             if self.graphs and variant not in self.variants:
                 raise KeyError(f"variant {variant!r} was not captured (variants: {self.variants})")
-            return padded_rows, self.step(padded_rows, variant)
+            return self.step(padded_rows, variant)
         graph, outputs = captured
         graph.replay()
-        return padded_rows, outputs
+        return outputs

@@ -23,10 +23,6 @@ class BlockStats:
     query_tokens: int  # tokens of the requests allocate_prefix looked up
     hit_tokens: int  # of those, tokens whose KV came from the cache
 
-    @property
-    def hit_rate(self) -> float:
-        return self.hit_tokens / self.query_tokens if self.query_tokens else 0.0
-
 
 class BlockManager:
     """Hands out cache blocks to sequences; a sequence owns blocks for every token it has cached.

@@ -1,5 +1,5 @@
 """`qwen3-runtime generate`: run the config's generate job (or the prompts given) and report text, tokens and
-timing."""
+timing. `qwen3-runtime serve`: the OpenAI-compatible HTTP server over the config's engine."""
 
 from __future__ import annotations
 

@@ -94,7 +94,8 @@ class EngineConfig:
     # what the largest step needs (memory_profile.py).
     num_kv_blocks: int | None = field(default=None, metadata=_size(1))
     gpu_memory_utilization: float = field(default=0.9, metadata=_range(0, 1, lo_open=True))
-    # Capture the decode step in CUDA graphs (GPU only), one per padded batch size.
+    # Capture the decode step (one graph per padded batch size and variant) and the prefill forward (per token
+    # bucket) in CUDA graphs; GPU only.
     cuda_graphs: bool = True
     # Padded batch sizes; None: 1, 2, 4, 8, then steps of 8 up to max_num_seqs.
     cuda_graph_buckets: list[int] | None = None
@@ -143,7 +144,7 @@ class LogprobsConfig:
     # Default logprobs_mode of requests: raw (before temperature / top-k / top-p) or processed.
     mode: Literal["raw", "processed"] = "raw"
     # Prompt positions whose logits exist at once when computing prompt logprobs. Each chunk's lm_head product
-    # reads the whole lm_head again: from about 512 rows it runs near the matmul rate (at 256, ~7% slower).
+    # reads the whole lm_head again, so chunks of fewer rows run under the matmul rate.
     prompt_chunk_size: int = field(default=512, metadata=_size(1))
 
 

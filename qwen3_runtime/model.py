@@ -1,4 +1,4 @@
-"""Qwen3 dense decoder over a paged KV cache (see shared notes: per-head q/k RMSNorm before RoPE, GQA)."""
+"""Qwen3 dense decoder over a paged KV cache (per-head q/k RMSNorm before RoPE, GQA)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ import torch
 from qwen3_runtime.kv_cache import cache_slot
 from qwen3_runtime.ops.prefill_attention import PrefillPlan, max_tiles, tile_table, tile_tokens
 from qwen3_runtime.scheduler import PrefillChunk
-from qwen3_runtime.step_inputs import packed_views
+from qwen3_runtime.step_inputs import copy_through_tables, packed_views
 
 TOKEN_PADDING = np.array([0, 0, -1, -1], dtype=np.int64)[:, None]  # input id, position, cache slot, prev_row
 PADDING_TILE = np.array([-1, 0], dtype=np.int32)
@@ -39,10 +39,6 @@ class PrefillBuffers:
         )
         self.buffer, views = packed_views(shapes, device, pin)
         self.tokens, self.query_start_loc, self.seq_lens, self.tiles, self.block_tables = views
-
-    def bytes_through_table(self, num_seqs: int) -> int:
-        """Bytes up to the end of the first `num_seqs` block tables."""
-        return self.buffer.numel() - (self.block_tables.shape[0] - num_seqs) * self.block_tables[0].nbytes
 
 
 class PrefillStager:
@@ -92,8 +88,7 @@ class PrefillStager:
         for row, chunk in enumerate(chunks):
             table = chunk.req.block_table
             tables[row, : len(table)] = table
-        end = host.bytes_through_table(len(chunks))
-        self.inputs.buffer[:end].copy_(host.buffer[:end], non_blocking=True)
+        copy_through_tables(self.inputs.buffer, host.buffer, host.block_tables, len(chunks))
         if self._host_copied is not None:
             self._host_copied.record()
 

@@ -134,7 +134,7 @@ class ModelRunner:
         flight) takes as input the token that step samples for it, read on the device."""
         padded_rows = self.graphs.padded_size(len(reqs))
         self.stager.stage(reqs, padded_rows, _previous_rows(reqs, previous))
-        _, lp_logits = self.graphs.run(len(reqs), (_variant(reqs, self.logprobs_mode), _penalized(reqs)))
+        lp_logits = self.graphs.run(len(reqs), (_variant(reqs, self.logprobs_mode), _penalized(reqs)))
         self.stats.decode_steps += 1
         return self._copy_out(reqs, lp_logits)
 
@@ -147,7 +147,7 @@ class ModelRunner:
         rows = np.cumsum([0] + [chunk.num_tokens for chunk in chunks])  # each chunk's first row of the forward
         prev_rows = _previous_rows([c.req for c in chunks], previous)
         self.prefill_stager.stage(chunks, self.prefill_graphs.padded_size(int(rows[-1])), prev_rows)
-        _, hidden = self.prefill_graphs.run(int(rows[-1]))
+        hidden = self.prefill_graphs.run(int(rows[-1]))
         spans = [ScoredSpan.of_chunk(c.req, row, c.start, c.end) for c, row in zip(chunks, rows)]
         last = [(c.req, row + c.num_tokens - 1) for c, row in zip(chunks, rows) if c.is_last]
         reqs, sample_rows = [req for req, _ in last], [row for _, row in last]

@@ -57,6 +57,10 @@ class Runtime:
             self.runner.attach_kv_cache(self.kv_cache)
         self.scheduler = Scheduler(engine, BlockManager(num_blocks, engine.block_size, engine.prefix_caching))
         self.eos_token_ids = set(arch.eos_token_ids)
+        # What every request is checked against (and the server's API process, before a request is sent here).
+        self.limits = RequestLimits(
+            arch.vocab_size, engine.max_model_len, config.logprobs.max_logprobs, tuple(sorted(self.eos_token_ids))
+        )
         self._next_id = 0
         self.num_generated = 0  # tokens appended to outputs so far
         self._in_flight: StepInFlight | None = None
@@ -243,6 +247,4 @@ class Runtime:
 
     def _validate(self, prompt: object, params: object) -> tuple[list[int], SamplingParams]:
         """The prompt as ints and a checked copy of the params; ValueError names what is wrong."""
-        engine, max_logprobs = self.config.engine, self.config.logprobs.max_logprobs
-        limits = RequestLimits(self.vocab_size, engine.max_model_len, max_logprobs, tuple(self.eos_token_ids))
-        return check_request(prompt, params, limits)
+        return check_request(prompt, params, self.limits)

@@ -48,6 +48,13 @@ def packed_views(
     return buffer, views
 
 
+def copy_through_tables(target: torch.Tensor, source: torch.Tensor, tables: torch.Tensor, num_rows: int) -> None:
+    """A packed buffer (packed_views) whose last view is block tables, copied up to the end of the first
+    `num_rows` tables: the other rows' tables are stale and unread."""
+    end = source.numel() - (tables.shape[0] - num_rows) * tables[0].nbytes
+    target[:end].copy_(source[:end], non_blocking=True)
+
+
 class RequestRow(NamedTuple):
     """A request's constant columns, staged when it takes a row rather than every step."""
 
@@ -118,8 +125,7 @@ class StepInputs:
 
     def copy_from(self, host: StepInputs, num_rows: int) -> None:
         """Everything up to the first `num_rows` block tables, in one copy."""
-        end = self.buffer.numel() - (self.block_tables.shape[0] - num_rows) * self.block_tables[0].nbytes
-        self.buffer[:end].copy_(host.buffer[:end], non_blocking=True)
+        copy_through_tables(self.buffer, host.buffer, host.block_tables, num_rows)
 
     def sampling(self, rows: int) -> SamplingTensors:
         # The sampled token sits one position past the input token.
@@ -160,7 +166,7 @@ class InputStager:
         samples for that row); rows up to `padded_rows` are padding."""
         # The last copy of the host rows was queued right behind the step already waited for, so this
         # wait is almost never taken.
-        if self._host_copied is not None and not self._host_copied.query():
+        if self._host_copied is not None:
             self._host_copied.synchronize()
         positions = [req.num_tokens - 1 for req in reqs]
         changed = {i: self._request_row(req) for i, req in enumerate(reqs) if self._row_requests[i] != req.request_id}

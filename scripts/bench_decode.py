@@ -128,8 +128,7 @@ def transformers_static(args: argparse.Namespace) -> Iterator[dict]:
     model = random_hf_model(load_config(args.config).model.architecture)
     for batch in args.hf_batch:
         # Compilation and CUDA-graph capture, at the measured shape: the static cache's length is prompt + new
-        # tokens, and a shorter warm-up left a recompilation inside the first measured run (H200: 488 ms
-        # TPOT, and 20.7 ms in another, against 6.7).
+        # tokens, and a shorter warm-up leaves a recompilation inside the first measured run.
         static_cache_tpot(model, batch, args.prompt_len, args.max_tokens)
         runs = [static_cache_tpot(model, batch, args.prompt_len, args.max_tokens, seed=r) for r in range(args.repeats)]
         row = {"mode": "transformers static cache", "batch": batch, **_medians(runs)}

@@ -1,4 +1,4 @@
-"""Prefill measured four ways (issue 36), random weights of a real Qwen3 shape, every yardstick measured in
+"""Prefill measured four ways, random weights of a real Qwen3 shape, every yardstick measured in
 the same run:
 
 shapes    the engine's prefill step per prompts x tokens, against the compute floor (the forward's matmul

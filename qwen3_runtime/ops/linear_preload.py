@@ -33,7 +33,7 @@ from qwen3_runtime.ops import TRITON_INTERPRET, num_sms, pdl_launch
 TILE_N, TILE_K = 64, 128
 MAX_ROWS = 8
 # Shared memory one program may take, of the 228 KB of a Hopper SM: no three-stage attention program
-# (38 KB) fits beside one, so its programs take SMs as attention's leave them (where attention has more
+# (37 KB) fits beside one, so its programs take SMs as attention's leave them (where attention has more
 # than two programs an SM it runs one stage instead: decode_attention.STAGES_BESIDE_PRELOAD).
 SMEM_BUDGET = 200 * 1024
 # Gluon's TMA load is async_copy_global_to_shared up to triton 3.6, async_load after (the CPU tests' triton).

@@ -38,10 +38,10 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from qwen3_runtime.ops import cdiv, use_triton
 
-# Sized for sm_90 at head_dim 128 (scripts/bench_prefill_attention.py times them against alternatives, and
-# this set was the fastest of its four at every shape it runs). Query rows (tokens x the GQA group) per
-# program: each gathered K/V tile serves this many rows (16 tokens of Qwen3-4B's group of 4); smaller tiles
-# give more programs, so the short chunks after a long prefix still fill the SMs.
+# Sized for sm_90 at head_dim 128 (scripts/bench_prefill_attention.py times them against alternatives).
+# Query rows (tokens x the GQA group) per program: each gathered K/V tile serves this many rows (16 tokens of
+# Qwen3-4B's group of 4); smaller tiles give more programs, so the short chunks after a long prefix still fill
+# the SMs.
 BLOCK_M = 64
 # Keys per K/V tile, each a gather of BLOCK_N rows through the block table.
 BLOCK_N = 64
@@ -49,10 +49,10 @@ BLOCK_N = 64
 NUM_WARPS = 4
 NUM_STAGES = 3
 # From this many new tokens of one sequence without a cached prefix on, attend_prefill takes cuDNN. Below,
-# this kernel is within about 15% of it, and the prompts of the default CUDA-graph buckets
+# this kernel is close to it, and the prompts of the default CUDA-graph buckets
 # (prefill_graph_max_tokens) take the same kernel whether their step is captured (cuDNN is not) or eager.
 CUDNN_MIN_TOKENS = 2049
-# cuDNN builds an execution plan per sequence length (tens of ms, at each new length); its ragged path, for
+# cuDNN builds an execution plan per sequence length (slow, at each new length); its ragged path, for
 # q, k, v and the output in [tokens, heads, D] layout, serves every length from one plan. PyTorch calls that
 # path experimental: tests/ops/test_prefill_attention.py checks it against the reference.
 os.environ.setdefault("TORCH_CUDNN_SDPA_AVOID_RECOMPILE", "1")

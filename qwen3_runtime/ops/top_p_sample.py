@@ -29,8 +29,8 @@ from qwen3_runtime.ops.gumbel_sample import processed_value, scaling_terms
 BLOCK = 4096  # a row's tokens a step of the one-program rounds
 NUM_WARPS = 16
 CHUNK = 2048  # a row's tokens a program of the spread rounds: many programs even for one row
-# Most rows take one round, a fifth two; of 256 rows a few take three or four. A spread round costs two launches
-# even when no row is left, a round in one program per row reads the row through one SM.
+# Spread rounds for the rounds nearly every row needs; a rare later one runs in one program per row. A spread round
+# costs two launches even when no row is left; a round in one program per row reads the row through one SM.
 SPREAD_ROUNDS = 3
 MARGIN = 1e-4  # far above float32's rounding of the sums (a relative ~1e-5 at Qwen3's vocabulary)
 

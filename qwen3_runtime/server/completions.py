@@ -12,7 +12,7 @@ from qwen3_runtime.server.logprob_format import completion_logprobs, merge_compl
 from qwen3_runtime.server.protocol import CompletionRequest
 from qwen3_runtime.server.sse import stream_response
 from qwen3_runtime.server.state import ServerState, response_header
-from qwen3_runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from qwen3_runtime.tokenizer import Tokenizer, detokenize
 
 
 async def create_completion(req: CompletionRequest, state: ServerState) -> JSONResponse | StreamingResponse:
@@ -48,7 +48,7 @@ class _ChoiceWriter:
         self.prefix = ""  # the prompt's text, with echo
         self.prefix_offsets: list[int] = []
         if req.echo:
-            self.prefix, self.prefix_offsets = _prompt_text(tok, x.prompt)
+            self.prefix, self.prefix_offsets = detokenize(tok, x.prompt)
 
     def body(self, c: Choice) -> dict | None:
         if self.ended:
@@ -71,10 +71,3 @@ class _ChoiceWriter:
         if first and self.req.prompt_logprobs is not None and c.prompt_logprobs is not None:
             out["prompt_logprobs"] = prompt_logprobs(self.tok, self.x.prompt, c.prompt_logprobs)
         return out
-
-
-def _prompt_text(tok: Tokenizer, prompt: list[int]) -> tuple[str, list[int]]:
-    """The prompt's text and where each of its tokens starts in it."""
-    detok = IncrementalDetokenizer(tok)
-    text = "".join(detok.push(t) for t in prompt) + detok.finish()
-    return text, list(detok.text_offsets)

@@ -51,7 +51,6 @@ class EngineClient:
         self.config = config
         self.overrides = overrides
         self.metrics = metrics
-        self.limits: Ready | None = None
         self.stats = EngineStats()
         self.dead = False
         self._streams: dict[str, RequestStream] = {}
@@ -75,7 +74,6 @@ class EngineClient:
             raise EngineStartError("the engine process exited while starting (see its output above)") from None
         if isinstance(msg, Failed):
             raise EngineStartError(msg.message)
-        self.limits = msg
         return msg
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:

@@ -10,7 +10,6 @@ import uvicorn
 
 from qwen3_runtime.config import load_config
 from qwen3_runtime.heap import freeze_startup_objects
-from qwen3_runtime.params import RequestLimits
 from qwen3_runtime.server.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from qwen3_runtime.server.engine_client import EngineClient
 from qwen3_runtime.server.metrics import ServerMetrics
@@ -55,15 +54,15 @@ def serve(
     with listen(host, port) as sock:
         metrics = ServerMetrics()
         client = EngineClient(config, overrides, metrics)
-        limits = client.start()
-        graphs = f"CUDA graphs captured in {limits.capture_s:.1f} s" if limits.capture_s else "no CUDA graphs"
-        print(f"INFO:     engine ready: {limits.num_kv_blocks} KV blocks, {graphs}", flush=True)
+        ready = client.start()
+        graphs = f"CUDA graphs captured in {ready.capture_s:.1f} s" if ready.capture_s else "no CUDA graphs"
+        print(f"INFO:     engine ready: {ready.num_kv_blocks} KV blocks, {graphs}", flush=True)
         metrics.attach_engine(lambda: client.stats)
         state = ServerState(
             client,
             tokenizer,
             Path(config).stem if config.endswith((".yaml", ".yml")) else config,
-            RequestLimits(limits.vocab_size, limits.max_model_len, limits.max_logprobs),
+            ready.limits,
             metrics,
         )
         app = build_app(state, api_key, max_request_bytes)

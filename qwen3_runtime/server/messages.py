@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from qwen3_runtime.params import SamplingParams
+from qwen3_runtime.params import RequestLimits, SamplingParams
 from qwen3_runtime.request import RequestUpdate
 from qwen3_runtime.stats import RunnerStats
 
@@ -51,9 +51,7 @@ class Ready(NamedTuple):
     """Sent once the Runtime is built: the limits the API process checks requests against, and what the server
     reports at startup."""
 
-    vocab_size: int
-    max_model_len: int
-    max_logprobs: int
+    limits: RequestLimits
     num_kv_blocks: int
     capture_s: float  # the CUDA graphs' capture (0 without them)
 

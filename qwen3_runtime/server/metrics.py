@@ -86,7 +86,8 @@ class _EngineCollector(Collector):
     def collect(self) -> Iterator:
         s = self.stats()
         r, steps = s.runner, s.runner.decode_steps + s.runner.prefill_steps
-        yield GaugeMetricFamily(f"{PREFIX}_num_requests_running", "Requests the engine is decoding", value=s.running)
+        running = "Requests the engine is running (prefilling or decoding)"
+        yield GaugeMetricFamily(f"{PREFIX}_num_requests_running", running, value=s.running)
         yield GaugeMetricFamily(f"{PREFIX}_num_requests_waiting", "Requests waiting for admission", value=s.waiting)
         yield GaugeMetricFamily(
             f"{PREFIX}_kv_blocks_free", "KV cache blocks free or cached with no owner", value=s.free_blocks

@@ -3,6 +3,6 @@ detokenization."""
 
 from qwen3_runtime.tokenizer.builtin import QWEN3_ADDED_TOKENS
 from qwen3_runtime.tokenizer.core import Tokenizer, load_tokenizer
-from qwen3_runtime.tokenizer.detokenizer import IncrementalDetokenizer
+from qwen3_runtime.tokenizer.detokenizer import IncrementalDetokenizer, detokenize
 
-__all__ = ["QWEN3_ADDED_TOKENS", "IncrementalDetokenizer", "Tokenizer", "load_tokenizer"]
+__all__ = ["QWEN3_ADDED_TOKENS", "IncrementalDetokenizer", "Tokenizer", "detokenize", "load_tokenizer"]

@@ -23,12 +23,12 @@ class Tokenizer:
         hf_tokenizer: tokenizers.Tokenizer,
         *,
         chat_template: str | None,
-        special_tokens_map: dict[str, str] | None = None,
+        special_tokens_map: dict[str, str],
     ) -> None:
         self._tok = hf_tokenizer
         self.chat_template = chat_template
         # bos_token, eos_token, ... as template variables (templates written for transformers may use them).
-        self.special_tokens_map: dict[str, str] = dict(special_tokens_map or {})
+        self.special_tokens_map: dict[str, str] = dict(special_tokens_map)
         added = hf_tokenizer.get_added_tokens_decoder()
         self._added_content: dict[int, str] = {i: t.content for i, t in added.items()}
         self.special_ids: frozenset[int] = frozenset(i for i, t in added.items() if t.special)
@@ -38,10 +38,10 @@ class Tokenizer:
     # --- construction -------------------------------------------------------------------------------------------
 
     @classmethod
-    def builtin_qwen3(cls, cache_dir: str | Path | None = None) -> Tokenizer:
+    def builtin_qwen3(cls) -> Tokenizer:
         """Qwen3's tokenizer without a checkpoint (random-weight configs), with a ChatML template."""
         return cls(
-            load_builtin_qwen3_hf_tokenizer(cache_dir),
+            load_builtin_qwen3_hf_tokenizer(),
             chat_template=QWEN3_CHATML_TEMPLATE,
             special_tokens_map={"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
         )

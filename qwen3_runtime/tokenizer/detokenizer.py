@@ -48,3 +48,10 @@ class IncrementalDetokenizer:
     def text_length(self) -> int:
         """Characters produced so far."""
         return self._length
+
+
+def detokenize(tokenizer: Tokenizer, ids: list[int]) -> tuple[str, list[int]]:
+    """The text of `ids` and where each token's text starts in it (IncrementalDetokenizer.text_offsets)."""
+    detok = IncrementalDetokenizer(tokenizer)
+    text = "".join(detok.push(t) for t in ids) + detok.finish()
+    return text, detok.text_offsets

@@ -1,4 +1,4 @@
-"""Soak test of a running `qwen3-runtime serve` (issue 38): a bounded mix of requests with faults injected, then
+"""Soak test of a running `qwen3-runtime serve`: a bounded mix of requests with faults injected, then
 checks, printed as figures (exit status 1 if any fails):
 
 - every request got a complete response or a clear error, none hung past the per-request deadline; bad

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from qwen3_runtime import Runtime, SamplingParams
-from qwen3_runtime.tokenizer import IncrementalDetokenizer, Tokenizer
+from qwen3_runtime.tokenizer import Tokenizer, detokenize
 from scripts.soak.client import Choice, Result
 
 
@@ -70,12 +70,6 @@ def engine_inputs(result: Result, tok: Tokenizer) -> list[Item]:
             params = replace(params, logprobs=max(params.logprobs or 0, 2))
         items.append(Item(result, j, list(prompt), params, fields["logprobs"]))
     return items
-
-
-def detokenize(tok: Tokenizer, ids: list[int]) -> tuple[str, list[int]]:
-    detok = IncrementalDetokenizer(tok)
-    text = "".join(detok.push(t) for t in ids) + detok.finish()
-    return text, list(detok.text_offsets)
 
 
 class Comparer:
