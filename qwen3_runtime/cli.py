@@ -102,6 +102,12 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         default=4 << 20,
         help="a larger request body is a 413; default: 4 MiB",
     )
+    serve.add_argument(
+        "--served-model-name",
+        default=None,
+        metavar="NAME",
+        help="the model's name in the API (requests naming another get a 404); default: the config's name",
+    )
 
 
 def _int_in(lo: int, hi: int | None):
@@ -129,7 +135,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     try:
         overrides = dict(parse_override(s) for s in args.set)
-        serve(args.config, overrides, args.host, args.port, args.api_key, args.max_request_bytes)
+        serve(
+            args.config, overrides, args.host, args.port, args.api_key, args.max_request_bytes, args.served_model_name
+        )
     except (*USER_ERRORS, EngineStartError, ListenError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

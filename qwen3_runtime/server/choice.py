@@ -1,9 +1,12 @@
 """One choice of a response as its updates arrive: incremental text, stop strings, and which tokens' logprobs go
 with which piece of text.
 
-Stop strings: the output is cut before the first one, and the engine request is aborted (the caller's job when
-apply() returns True). While streaming, the last len(longest stop) - 1 characters are held back, since they may
-start a stop string the next token completes.
+As vLLM renders it: special tokens give no text (unless skip_special_tokens is off), nor does the stop token that
+ended the request (EOS or one of stop_token_ids), and the output is cut before the first stop string, after it
+with include_stop_str_in_output; the engine request is then aborted (the caller's job when apply() returns True).
+Every token the engine produced up to the end keeps its place and its logprobs, as usage counts it, text or not.
+While streaming, the last len(longest stop) - 1 characters are held back, since they may start a stop string the
+next token completes (not when the stop string is kept).
 
 Without stop strings every token goes out in the delta after it arrives, one whose text is not complete yet (part
 of a character's bytes) with empty text, as vLLM streams it: its logprobs are not delayed, and a client sees a
@@ -11,17 +14,30 @@ chunk per token. With stop strings a token waits for its text, which a stop stri
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from qwen3_runtime.logprobs import TokenLogprob
 from qwen3_runtime.request import RequestUpdate
 from qwen3_runtime.tokenizer import IncrementalDetokenizer, Tokenizer
 
 
+@dataclass(frozen=True)
+class TextOptions:
+    """How a request's tokens become its text (vLLM's names and defaults)."""
+
+    stops: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
+
+
 class Choice:
-    def __init__(self, index: int, tokenizer: Tokenizer, stops: list[str]) -> None:
+    def __init__(self, index: int, tokenizer: Tokenizer, options: TextOptions) -> None:
         self.index = index
-        self.stops = stops
-        self.holdback = max(map(len, stops), default=1) - 1
-        self.detok = IncrementalDetokenizer(tokenizer)
+        self.stops = options.stops
+        self.include_stop = options.include_stop_str_in_output
+        self.lookback = max(map(len, self.stops), default=1) - 1  # where a stop string may start in earlier text
+        self.holdback = 0 if self.include_stop else self.lookback
+        self.detok = IncrementalDetokenizer(tokenizer, skip_special_tokens=options.skip_special_tokens)
         self.text = ""
         self.token_ids: list[int] = []
         self.logprobs: list[TokenLogprob | None] = []
@@ -44,7 +60,9 @@ class Choice:
         if self.finished:  # a stop string ended it; the engine's last tokens are dropped
             return False
         start = len(self.text)
-        self.text += "".join(self.detok.push(t) for t in up.token_ids)
+        # A stop token ends the update: its text is not the answer's.
+        rendered = len(up.token_ids) - (up.finish_reason == "stop" and not self.include_stop)
+        self.text += "".join(self.detok.push(t, render=i < rendered) for i, t in enumerate(up.token_ids))
         self.token_ids += up.token_ids
         self.logprobs += up.logprobs if up.logprobs is not None else [None] * len(up.token_ids)
         if up.finish_reason is not None:
@@ -58,26 +76,23 @@ class Choice:
         return False
 
     def _find_stop(self, start: int) -> int | None:
-        """Where the first stop string begins, searching only text that could hold a new one."""
-        lo = max(0, start - self.holdback)
-        found = [i for i in (self.text.find(s, lo) for s in self.stops) if i >= 0]
-        return min(found, default=None)
+        """Where the text ends at the first stop string (before it, or after it when kept), searching only text
+        that could hold a new one."""
+        lo = max(0, start - self.lookback)
+        found = [(i, i + len(s) if self.include_stop else i) for s in self.stops if (i := self.text.find(s, lo)) >= 0]
+        return min(found, default=(None, None))[1]
 
     def delta(self) -> tuple[str, list[int], list[TokenLogprob | None], list[int]]:
         """The text not sent yet (less the held-back tail), and the tokens whose text starts in it (without stop
-        strings, every token not sent yet): (text, token ids, their logprobs, their offsets in the choice's text)."""
+        strings, or once finished, every token not sent yet): (text, token ids, their logprobs, their offsets in
+        the choice's text)."""
         end = len(self.text) if self.finished else max(self._sent_chars, len(self.text) - self.holdback)
         text = self.text[self._sent_chars : end]
         self._sent_chars = end
         offsets = self.detok.text_offsets
         first = last = self._sent_tokens
-        stopped_early = self.finished and len(self.text) < self.detok.text_length
-        while last < len(self.token_ids) and (
-            offsets[last] < end
-            or not self.stops  # nothing is held back: a token whose text is still incomplete goes too
-            or (self.finished and not stopped_early)
-            or self.finish_reason == "error"
-        ):
+        # Without stop strings nothing is held back: a token whose text is still incomplete goes too.
+        while last < len(self.token_ids) and (offsets[last] < end or not self.stops or self.finished):
             last += 1
         self._sent_tokens = last
         return text, self.token_ids[first:last], self.logprobs[first:last], offsets[first:last]

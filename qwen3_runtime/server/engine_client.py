@@ -44,6 +44,7 @@ class RequestStream:
     last_token: float | None = None
     num_tokens: int = 0
     finished: bool = False
+    stopped: bool = False  # a stop string ended it: the client got "stop", whatever the engine says
 
 
 class EngineClient:
@@ -104,11 +105,11 @@ class EngineClient:
         self._send(AddRequest(request_id, prompt, params))
         self.metrics.prompt_tokens.inc(len(prompt))
 
-    def abort(self, request_id: str) -> None:
-        """End a request the client no longer wants (it disconnected, or a stop string ended it)."""
+    def abort(self, request_id: str, stopped: bool = False) -> None:
+        """End a request the client no longer wants: it disconnected, or (stopped) a stop string ended it."""
         stream = self._streams.get(request_id)
         if stream is not None and not stream.finished and self.alive:
-            stream.finished = True
+            stream.finished, stream.stopped = True, stopped
             self._send(AbortRequest(request_id))
 
     def _send(self, msg: AddRequest | AbortRequest) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator
 
-from qwen3_runtime.server.choice import Choice
+from qwen3_runtime.server.choice import Choice, TextOptions
 from qwen3_runtime.server.engine_client import EngineClient, EngineDead
 from qwen3_runtime.server.errors import APIError, engine_unavailable
 from qwen3_runtime.server.inputs import EngineInput
@@ -14,10 +14,10 @@ from qwen3_runtime.tokenizer import Tokenizer
 
 
 class Generation:
-    def __init__(self, client: EngineClient, tok: Tokenizer, inputs: list[EngineInput], stops: list[str]) -> None:
+    def __init__(self, client: EngineClient, tok: Tokenizer, inputs: list[EngineInput], options: TextOptions) -> None:
         self.client = client
         self.inputs = inputs
-        self.choices = [Choice(i, tok, stops) for i in range(len(inputs))]
+        self.choices = [Choice(i, tok, options) for i in range(len(inputs))]
         self.ids = [client.new_id() for _ in inputs]
         self._by_id = dict(zip(self.ids, self.choices))
         self._queue: asyncio.Queue = asyncio.Queue(sum(x.params.max_tokens + 3 for x in inputs))
@@ -43,7 +43,7 @@ class Generation:
                 raise APIError.from_value_error(ValueError(up.error))
             choice = self._by_id[up.request_id]
             if choice.apply(up):  # a stop string: the engine need not go on
-                self.client.abort(up.request_id)
+                self.client.abort(up.request_id, stopped=True)
             if up.finish_reason is not None:
                 self._open.discard(up.request_id)
             yield choice

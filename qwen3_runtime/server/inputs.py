@@ -38,7 +38,7 @@ def completion_inputs(req: CompletionRequest, tok: Tokenizer, limits: RequestLim
     prompt_logprobs = req.prompt_logprobs
     if req.echo and req.logprobs is not None:  # the prompt's logprobs come first in the response
         prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)
-    fields = dict(max_tokens=req.max_tokens or 16, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs)
+    fields = dict(max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs)
     return _expand(req, completion_prompts(req, tok), fields, limits)
 
 
@@ -50,21 +50,26 @@ def chat_inputs(req: ChatCompletionRequest, tok: Tokenizer, limits: RequestLimit
         text = tok.apply_chat_template(messages, req.add_generation_prompt, **(req.chat_template_kwargs or {}))
     except Exception as e:  # the template's own errors (raise_exception, a bad message shape)
         raise APIError(f"messages: the chat template failed: {e}", "messages") from None
-    prompt = tok.encode(text)
-    max_tokens = req.max_completion_tokens or req.max_tokens or max(limits.max_model_len - len(prompt), 1)
+    max_tokens = req.max_completion_tokens or req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     rename = {"logprobs": "top_logprobs", "prompt": "messages"}  # chat's names for what the runtime checks
-    return _expand(req, [prompt], dict(max_tokens=max_tokens, logprobs=logprobs), limits, rename)
+    if req.max_completion_tokens:
+        rename["max_tokens"] = "max_completion_tokens"
+    return _expand(req, [tok.encode(text)], dict(max_tokens=max_tokens, logprobs=logprobs), limits, rename)
 
 
 def _expand(
     req: _Request, prompts: list[list[int]], fields: dict, limits: RequestLimits, rename: dict | None = None
 ) -> list[EngineInput]:
-    """n engine requests per prompt, with seeds seed, seed + 1, ... (or each its own random one)."""
-    _check_logprobs(fields.get("logprobs"), "sample", limits, (rename or {}).get("logprobs", "logprobs"))
+    """n engine requests per prompt, with seeds seed, seed + 1, ... (or each its own random one). fields'
+    max_tokens None: what the context leaves."""
+    rename = rename or {}
+    _check_logprobs(fields.get("logprobs"), "sample", limits, rename.get("logprobs", "logprobs"))
     _check_logprobs(fields.get("prompt_logprobs"), "prompt", limits, "prompt_logprobs")
     inputs = []
     for i, prompt in enumerate(prompts):
+        room = _context_room(len(prompt), fields["max_tokens"], limits, rename)
+        fields = {**fields, "max_tokens": fields["max_tokens"] or room}
         for j in range(req.n):
             seed = None if req.seed is None else (req.seed + j) % 2**63
             try:
@@ -83,6 +88,26 @@ def _expand(
                 raise APIError.from_value_error(e, rename) from None
             inputs.append(EngineInput(i, prompt_ids, params))
     return inputs
+
+
+def _context_room(prompt_len: int, max_tokens: int | None, limits: RequestLimits, rename: dict) -> int:
+    """The tokens the context leaves after the prompt; a prompt that fills it, or a max_tokens past it, is a 400 in
+    vLLM's words (clients read the limits from them)."""
+    window, room = limits.max_model_len, limits.max_model_len - prompt_len
+    if room <= 0:
+        raise APIError(
+            f"This model's maximum context length is {window} tokens. However, your request has {prompt_len} input "
+            "tokens. Please reduce the length of the input messages.",
+            rename.get("prompt", "prompt"),
+        )
+    if max_tokens is not None and max_tokens > room:
+        raise APIError(
+            f"'max_tokens' or 'max_completion_tokens' is too large: {max_tokens}. This model's maximum context length "
+            f"is {window} tokens and your request has {prompt_len} input tokens ({max_tokens} > {window} - "
+            f"{prompt_len}).",
+            rename.get("max_tokens", "max_tokens"),
+        )
+    return room
 
 
 def _check_logprobs(value: int | None, kind: str, limits: RequestLimits, param: str) -> None:

@@ -46,9 +46,10 @@ def serve(
     port: int,
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    served_model_name: str | None = None,
 ) -> None:
-    """Raises ConfigError for a bad config, ListenError for an address it cannot listen on, EngineStartError when
-    the engine cannot build the Runtime."""
+    """served_model_name: the model's name in the API (default: the config's). Raises ConfigError for a bad config,
+    ListenError for an address it cannot listen on, EngineStartError when the engine cannot build the Runtime."""
     tokenizer = load_tokenizer(load_config(config, overrides).model)  # checks the config before a spawn
     tokenizer.load_token_tables()
     with listen(host, port) as sock:
@@ -61,7 +62,7 @@ def serve(
         state = ServerState(
             client,
             tokenizer,
-            Path(config).stem if config.endswith((".yaml", ".yml")) else config,
+            served_model_name or (Path(config).stem if config.endswith((".yaml", ".yml")) else config),
             ready.limits,
             metrics,
         )

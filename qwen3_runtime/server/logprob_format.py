@@ -26,18 +26,20 @@ def completion_logprobs(
     tok: Tokenizer, ids: Sequence[int], lps: Sequence[TokenLogprob | None], offsets: Sequence[int]
 ) -> dict:
     """{tokens, token_logprobs, top_logprobs, text_offset}; an entry without logprobs (the prompt's first
-    token, with echo) is null."""
+    token, with echo) is null. Each top_logprobs holds the token itself first, then the top k: "up to logprobs + 1
+    elements" (OpenAI's), as vLLM gives them."""
+    tokens = tok.token_strings(ids)
     tops = []
-    for lp in lps:
+    for token, lp in zip(tokens, lps):
         if lp is None:
             tops.append(None)
             continue
-        top = {}
+        top = {token: finite(lp.logprob)}
         for t, v in zip(tok.token_strings(lp.top_ids), lp.top_logprobs):
-            top.setdefault(t, finite(v))  # two ids with one text: the likelier one (they are in order)
+            top.setdefault(t, finite(v))  # two ids with one text: the first one's (the likelier of the top)
         tops.append(top)
     return {
-        "tokens": tok.token_strings(ids),
+        "tokens": tokens,
         "token_logprobs": [None if lp is None else finite(lp.logprob) for lp in lps],
         "top_logprobs": tops,
         "text_offset": list(offsets),

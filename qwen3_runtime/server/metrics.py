@@ -48,9 +48,7 @@ class ServerMetrics:
         self.finished = Counter(
             f"{PREFIX}_requests_finished", "Engine requests by finish reason", ["finish_reason"], registry=r
         )
-        self.aborted = Counter(
-            f"{PREFIX}_requests_aborted", "Requests aborted (client gone, or a stop string)", registry=r
-        )
+        self.aborted = Counter(f"{PREFIX}_requests_aborted", "Requests whose client went away", registry=r)
 
     def attach_engine(self, stats: Callable[[], EngineStats]) -> None:
         """Export the engine's latest counters (`stats` returns them) at every scrape."""
@@ -69,8 +67,9 @@ class ServerMetrics:
             self.generation_tokens.inc(len(up.token_ids))
         if up.finish_reason is None:
             return
-        self.finished.labels(up.finish_reason).inc()
-        self.aborted.inc(up.finish_reason == "abort")
+        reason = "stop" if stream.stopped else up.finish_reason  # a stop string's abort is the client's "stop"
+        self.finished.labels(reason).inc()
+        self.aborted.inc(reason == "abort")
         self.e2e.observe(now - stream.arrival)
         if stream.num_tokens > 1:
             self.tpot.observe((stream.last_token - stream.first_token) / (stream.num_tokens - 1))

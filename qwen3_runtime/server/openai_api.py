@@ -71,17 +71,18 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> dict:
         """OpenAI's model retrieval (the openai client's models.retrieve)."""
-        if model != state.model_name:
-            raise APIError(f"The model '{model}' does not exist", "model", status=404, kind="NotFoundError")
+        _check_model(state, model)
         return card
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:
+        _check_model(state, req.model)
         _check_engine(state)
         return await _unless_disconnected(request, create_completion(req, state))
 
     @app.post("/v1/chat/completions")
     async def chat(req: ChatCompletionRequest, request: Request) -> Response:
+        _check_model(state, req.model)
         _check_engine(state)
         return await _unless_disconnected(request, create_chat_completion(req, state))
 
@@ -102,6 +103,12 @@ async def _unless_disconnected(request: Request, work: Awaitable[Response]) -> R
         return task.result()
     finally:
         task.cancel()  # a no-op once done; else this handler itself was cancelled (shutdown)
+
+
+def _check_model(state: ServerState, model: str | None) -> None:
+    """A request for another model is a 404, as vLLM's (no model named: this one)."""
+    if model is not None and model != state.model_name:
+        raise APIError(f"The model '{model}' does not exist", "model", status=404, kind="NotFoundError")
 
 
 def _check_engine(state: ServerState) -> None:

@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from pydantic_core import PydanticCustomError
 
 from qwen3_runtime.params import MAX_REPETITION_PENALTY
+from qwen3_runtime.server.choice import TextOptions
 from qwen3_runtime.validation import is_text
 
 log = logging.getLogger(__name__)
@@ -25,7 +26,6 @@ SAME_AS_N = object()  # in an "off" tuple: the request's own n (best_of = n pick
 UNSUPPORTED: dict[str, tuple] = {
     "length_penalty": (None, 1),
     "use_beam_search": (None, False),
-    "include_stop_str_in_output": (None, False),
     "allowed_token_ids": (None,),
     "bad_words": (None, []),
     "structured_outputs": (None,),
@@ -123,6 +123,9 @@ class _Request(BaseModel):
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
     ignore_eos: bool = False
+    # vLLM's: how the tokens become text (server/choice.py).
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -148,9 +151,9 @@ class _Request(BaseModel):
                     log.warning("request field %r is not part of OpenAI's API: ignored", name)
         return data
 
-    def stop_strings(self) -> list[str]:
+    def text_options(self) -> TextOptions:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return [s for s in stops if s]
+        return TextOptions([s for s in stops if s], self.skip_special_tokens, self.include_stop_str_in_output)
 
 
 class StreamOptions(BaseModel):

@@ -24,12 +24,13 @@ class IncrementalDetokenizer:
         self.text_offsets: list[int] = []
         self._finished = False
 
-    def push(self, token_id: int) -> str:
-        """Add one generated token; return the text it completes (possibly empty)."""
+    def push(self, token_id: int, render: bool = True) -> str:
+        """Add one generated token; return the text it completes (possibly empty). render=False: the token has an
+        offset but no text (the stop token that ended a request), like a skipped special token."""
         if self._finished:
             raise RuntimeError("push after finish")
         self.text_offsets.append(self._length)
-        if token_id in self._skip:
+        if not render or token_id in self._skip:
             return ""
         text = self._decoder.decode(self._tokenizer.token_bytes(token_id))
         self._length += len(text)
@@ -50,8 +51,8 @@ class IncrementalDetokenizer:
         return self._length
 
 
-def detokenize(tokenizer: Tokenizer, ids: list[int]) -> tuple[str, list[int]]:
+def detokenize(tokenizer: Tokenizer, ids: list[int], skip_special_tokens: bool = False) -> tuple[str, list[int]]:
     """The text of `ids` and where each token's text starts in it (IncrementalDetokenizer.text_offsets)."""
-    detok = IncrementalDetokenizer(tokenizer)
+    detok = IncrementalDetokenizer(tokenizer, skip_special_tokens)
     text = "".join(detok.push(t) for t in ids) + detok.finish()
     return text, detok.text_offsets

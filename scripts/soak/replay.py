@@ -112,7 +112,9 @@ class Comparer:
     def compare(self, item: Item, out) -> None:
         self.choices += 1
         spec, c = item.result.spec, item.result.choices[item.choice]
-        full, offsets = detokenize(self.tok, out.token_ids)
+        # The server shows no text for special tokens, nor for the stop token that ended a request (vLLM's way).
+        shown = out.token_ids[:-1] if out.finish_reason == "stop" else out.token_ids
+        full, offsets = detokenize(self.tok, shown, skip_special_tokens=True)
         stops = [
             s
             for s in ([spec.body["stop"]] if isinstance(spec.body.get("stop"), str) else spec.body.get("stop") or [])
@@ -161,10 +163,10 @@ class Comparer:
         want = self.tok.token_strings(out.token_ids)[:upto]
         if tokens != want[: len(tokens)] or (whole and len(tokens) != len(want)):
             return self._bad(item, "logprobs.tokens", tokens, want)
-        for i, (v, top, lp) in enumerate(zip(values, tops, out.logprobs)):
+        for i, (v, top, lp, token) in enumerate(zip(values, tops, out.logprobs, want)):
             if not self._close(v, lp.logprob):
                 self._bad(item, f"token_logprobs[{i}]", v, lp.logprob)
-            want_top: dict[str, float] = {}
+            want_top = {token: lp.logprob}  # the token itself first, then the top k
             k = item.asked_logprobs
             for t, x in zip(self.tok.token_strings(lp.top_ids[:k]), lp.top_logprobs[:k]):
                 want_top.setdefault(t, x)

@@ -1,11 +1,12 @@
-"""Choice: incremental text, stop strings cut the output (also across tokens), held-back text while streaming."""
+"""Choice: incremental text, stop strings cut the output (also across tokens), held-back text while streaming, the
+stop token and special tokens without text."""
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from qwen3_runtime.request import RequestUpdate
-from qwen3_runtime.server.choice import Choice
+from qwen3_runtime.server.choice import Choice, TextOptions
 from qwen3_runtime.tokenizer import Tokenizer
 
 
@@ -20,7 +21,7 @@ def update(ids, finish=None):
 
 def test_stop_string_across_tokens_cuts_and_holds_back(tok):
     ids = tok.encode("Hello world, stop here please")
-    choice = Choice(0, tok, ["stop here"])
+    choice = Choice(0, tok, TextOptions(["stop here"]))
     sent = ""
     for t in ids:
         stopped = choice.apply(update([t]))
@@ -35,7 +36,7 @@ def test_stop_string_across_tokens_cuts_and_holds_back(tok):
 
 def test_no_stop_streams_everything(tok):
     ids = tok.encode("héllo 🙂 wörld")
-    choice = Choice(0, tok, [])
+    choice = Choice(0, tok, TextOptions([]))
     pieces = []
     for t in ids[:-1]:
         choice.apply(update([t]))
@@ -47,12 +48,57 @@ def test_no_stop_streams_everything(tok):
     assert choice.finish_reason == "length"
 
 
-def test_tokens_after_the_stop_are_dropped(tok):
+def test_every_token_received_keeps_its_place_after_the_cut(tok):
+    """As usage counts them: the tokens whose text a stop string cut still come with their logprobs (vLLM's)."""
     ids = tok.encode("a b c d")
-    choice = Choice(0, tok, [" c"])
+    choice = Choice(0, tok, TextOptions([" c"]))
     assert choice.apply(update(ids, "length"))
     text, kept, _, offsets = choice.delta()
-    assert text == "a b" and tok.decode(kept) == "a b" and offsets == [0, 1][: len(kept)]
+    assert text == "a b" and kept == ids and offsets == [0, 1, 3, 5]
+    assert choice.apply(update(tok.encode(" e"))) is False and choice.delta()[1] == []  # after the abort: dropped
+
+
+def test_the_stop_token_and_special_tokens_have_no_text(tok):
+    """EOS (special) and a stop token (one of stop_token_ids, not special) end the request without text, as in vLLM;
+    their places and offsets stay. skip_special_tokens=False shows special tokens, include_stop_str_in_output the
+    stop token."""
+    im_end = tok.encode("<|im_end|>")
+    assert len(im_end) == 1 and im_end[0] in tok.special_ids
+    ids = tok.encode("Hi there") + im_end
+    for options, want in [
+        (TextOptions(), "Hi there"),
+        (TextOptions(skip_special_tokens=False), "Hi there"),  # the stop token is left out either way
+        (TextOptions(skip_special_tokens=False, include_stop_str_in_output=True), "Hi there<|im_end|>"),
+        (TextOptions(include_stop_str_in_output=True), "Hi there"),  # shown, but special: skipped
+    ]:
+        choice = Choice(0, tok, options)
+        choice.apply(update(ids, "stop"))
+        text, kept, _, offsets = choice.delta()
+        assert (text, kept, offsets[-1]) == (want, ids, len("Hi there"))
+    stop_token = tok.encode(" there")
+    assert len(stop_token) == 1 and stop_token[0] not in tok.special_ids
+    choice = Choice(0, tok, TextOptions())
+    for t in tok.encode("Hi"):
+        choice.apply(update([t]))
+    choice.apply(update(stop_token, "stop"))
+    assert choice.text == "Hi" and choice.token_ids == tok.encode("Hi") + stop_token
+    middle = Choice(0, tok, TextOptions())  # a special token mid-answer: skipped by default
+    middle.apply(update(tok.encode("a") + im_end + tok.encode("b"), "length"))
+    assert middle.text == "ab"
+
+
+def test_include_stop_str_in_output_keeps_the_stop_string_and_holds_nothing_back(tok):
+    ids = tok.encode("Hello world, stop here please")
+    choice = Choice(0, tok, TextOptions(["stop here"], include_stop_str_in_output=True))
+    sent = ""
+    for t in ids:
+        stopped = choice.apply(update([t]))
+        piece = choice.delta()[0]
+        assert choice.text.startswith(sent + piece) and (stopped or sent + piece == choice.text)  # no holdback
+        sent += piece
+        if stopped:
+            break
+    assert choice.finish_reason == "stop" and sent == choice.text == "Hello world, stop here"
 
 
 def _byte_tokens(tok, text: str) -> list[int]:
@@ -63,7 +109,7 @@ def _byte_tokens(tok, text: str) -> list[int]:
 
 def test_without_stops_each_token_goes_out_before_its_character_completes(tok):
     ids = _byte_tokens(tok, "a🙂")
-    choice = Choice(0, tok, [])
+    choice = Choice(0, tok, TextOptions([]))
     deltas = []
     for t in ids:
         choice.apply(update([t]))
@@ -76,7 +122,7 @@ def test_without_stops_each_token_goes_out_before_its_character_completes(tok):
 def test_with_stops_a_token_waits_for_its_text(tok):
     """A stop string may still cut what an incomplete character's tokens would complete, so they wait."""
     ids = _byte_tokens(tok, "a🙂")
-    choice = Choice(0, tok, ["x"])
+    choice = Choice(0, tok, TextOptions(["x"]))
     deltas = []
     for t in ids:
         choice.apply(update([t]))
@@ -84,11 +130,12 @@ def test_with_stops_a_token_waits_for_its_text(tok):
     assert [d[1] for d in deltas] == [ids[:1], [], [], [], ids[1:]]
     assert "".join(d[0] for d in deltas) == "a🙂"
 
-    cut = Choice(0, tok, ["🙂"])  # the completing token makes the stop: none of the character's tokens goes out
-    for t in ids:
+    cut = Choice(0, tok, TextOptions(["🙂"]))  # the completing token makes the stop: the character's tokens go out
+    for t in ids:  # without text, once the stop ends the choice
         cut.apply(update([t]))
         text, kept, _, _ = cut.delta()
-        assert kept == ([] if t != ids[0] else ids[:1]) and text == ("a" if t == ids[0] else "")
+        first, last = t == ids[0], t == ids[-1]
+        assert kept == (ids[:1] if first else ids[1:] if last else []) and text == ("a" if first else "")
     assert cut.finish_reason == "stop"
 
 
@@ -120,7 +167,7 @@ def test_any_updates_and_polling_stream_the_text_cut_before_the_first_stop(tok, 
     text = data.draw(st.text(st.sampled_from(ALPHABET), max_size=24))
     ids = data.draw(st.sampled_from([tok.encode(text), _byte_tokens(tok, text)]))
     stops = data.draw(stop_strings(text))
-    choice = Choice(0, tok, stops)
+    choice = Choice(0, tok, TextOptions(stops))
     sent_text, sent_ids, start = "", [], 0
     while True:
         size = data.draw(st.integers(1, 3))
@@ -137,6 +184,6 @@ def test_any_updates_and_polling_stream_the_text_cut_before_the_first_stop(tok, 
     assert not any(stop in choice.text for stop in stops)
     if choice.finish_reason == "stop":
         assert any(full.startswith(stop, len(choice.text)) for stop in stops)
-        assert sent_ids == ids[: len(sent_ids)] and tok.decode(sent_ids).startswith(choice.text)
+        assert sent_ids == ids[: len(sent_ids)] == choice.token_ids and tok.decode(sent_ids).startswith(choice.text)
     else:
         assert choice.finish_reason == "length" and choice.text == full and sent_ids == ids

@@ -29,6 +29,9 @@ def test_shapes(tok):
     comp = completion_logprobs(tok, [a, b], [None, lp], [0, 2])
     assert comp["token_logprobs"] == [None, -9999.0] and comp["top_logprobs"][0] is None
     assert comp["tokens"] == ["hi", " there"] and comp["text_offset"] == [0, 2]
+    assert list(comp["top_logprobs"][1].items()) == [(" there", -9999.0), ("hi", -0.1)]  # the token first, then top k
+    unranked = TokenLogprob(b, -3.0, 9, 0.0, [a], [-0.2])  # outside the top k: k + 1 entries
+    assert completion_logprobs(tok, [b], [unranked], [0])["top_logprobs"] == [{" there": -3.0, "hi": -0.2}]
     (entry,) = chat_logprobs(tok, [a, b], [None, lp])["content"]
     assert entry["token"] == " there" and entry["bytes"] == list(b" there") and entry["logprob"] == -9999.0
     assert [t["token"] for t in entry["top_logprobs"]] == ["hi", " there"]

@@ -11,6 +11,7 @@ import pytest
 from qwen3_runtime.params import SamplingParams
 
 PROMPT = "The capital of France is"
+ABORTED, FINISHED = "qwen3_runtime_requests_aborted_total", "qwen3_runtime_requests_finished_total"
 
 
 @pytest.fixture(scope="module")
@@ -24,6 +25,12 @@ def greedy_offline(rt, prompt_ids, max_tokens):
     return out.token_ids
 
 
+def shown(tok, ids, max_tokens):
+    """The text the server gives for these tokens: a stop token (the request ended before max_tokens) and special
+    tokens give none."""
+    return tok.decode(ids[:-1] if len(ids) < max_tokens else ids, skip_special_tokens=True)
+
+
 def test_completion_greedy_equals_offline(client, offline):
     tok = offline.tokenizer
     ids = tok.encode(PROMPT)
@@ -31,7 +38,7 @@ def test_completion_greedy_equals_offline(client, offline):
     for prompt in (PROMPT, ids):
         resp = client.completions.create(model="tiny", prompt=prompt, max_tokens=6, temperature=0)
         (choice,) = resp.choices
-        assert choice.text == tok.decode(expected)
+        assert choice.text == shown(tok, expected, 6)
         assert choice.finish_reason == ("stop" if len(expected) < 6 else "length")
         assert (resp.usage.prompt_tokens, resp.usage.completion_tokens) == (len(ids), len(expected))
 
@@ -42,7 +49,7 @@ def test_chat_greedy_equals_offline(client, offline):
     ids = tok.encode(tok.apply_chat_template(messages))
     expected = greedy_offline(offline, ids, 5)
     resp = client.chat.completions.create(model="tiny", messages=messages, max_tokens=5, temperature=0)
-    assert resp.choices[0].message.content == tok.decode(expected)
+    assert resp.choices[0].message.content == shown(tok, expected, 5)
     assert resp.choices[0].message.role == "assistant"
     assert resp.usage.total_tokens == len(ids) + len(expected)
 
@@ -58,7 +65,7 @@ def test_logit_bias_steers_the_text_as_offline(client, offline):
     resp = client.chat.completions.create(
         model="tiny", messages=messages, max_tokens=5, temperature=0, logit_bias={str(t): b for t, b in banned.items()}
     )
-    assert resp.choices[0].message.content == tok.decode(expected) and not set(banned) & set(expected)
+    assert resp.choices[0].message.content == shown(tok, expected, 5) and not set(banned) & set(expected)
 
 
 def test_completion_stream_with_logprobs_matches_whole(client):
@@ -71,7 +78,8 @@ def test_completion_stream_with_logprobs_matches_whole(client):
     assert tokens == whole.logprobs.tokens
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == whole.finish_reason
     assert chunks[-1].usage.completion_tokens == 5 and not chunks[-1].choices
-    assert all(len(top) <= 2 for top in whole.logprobs.top_logprobs)
+    tops = zip(whole.logprobs.tokens, whole.logprobs.token_logprobs, whole.logprobs.top_logprobs)
+    assert all(len(top) <= 3 and top[token] == value for token, value, top in tops)  # the token itself, then 2
     assert whole.logprobs.text_offset == sorted(whole.logprobs.text_offset)
 
 
@@ -113,18 +121,30 @@ def test_prompt_logprobs_extension(http):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_stop_string_cuts_output(client, stream):
-    args = dict(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0)
+def test_stop_string_cuts_output(client, metric, stream):
+    """The text ends before the stop string; logprobs cover every token usage counts; the metrics count a stop."""
+    args = dict(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=1, extra_body={"ignore_eos": True})
     full = client.completions.create(**args).choices[0].text
     stop = full[6:9]
     expected = full[: full.index(stop)]
+    stops, aborted = f'{FINISHED}{{finish_reason="stop"}}', metric(ABORTED)
+    stops_before = metric(stops)
     if stream:
-        chunks = list(client.completions.create(**args, stop=[stop], stream=True))
-        text, reason = "".join(c.choices[0].text for c in chunks), chunks[-1].choices[0].finish_reason
+        usage_chunk = {"include_usage": True}
+        chunks = list(client.completions.create(**args, stop=[stop], stream=True, stream_options=usage_chunk))
+        text, reason = "".join(c.choices[0].text for c in chunks if c.choices), chunks[-2].choices[0].finish_reason
+        tokens = sum(len(c.choices[0].logprobs.tokens) for c in chunks if c.choices and c.choices[0].logprobs)
+        usage = chunks[-1].usage
     else:
-        choice = client.completions.create(**args, stop=[stop]).choices[0]
-        text, reason = choice.text, choice.finish_reason
-    assert (text, reason) == (expected, "stop")
+        resp = client.completions.create(**args, stop=[stop])
+        text, reason, tokens = resp.choices[0].text, resp.choices[0].finish_reason, len(resp.choices[0].logprobs.tokens)
+        usage = resp.usage
+    assert (text, reason) == (expected, "stop") and tokens == usage.completion_tokens
+    deadline = time.monotonic() + 20
+    while metric(stops) == stops_before:  # counted when the engine's end of the request arrives
+        assert time.monotonic() < deadline, "the stop was not counted"
+        time.sleep(0.05)
+    assert metric(ABORTED) == aborted
 
 
 def test_n_choices_seeded(client, offline):
@@ -144,6 +164,9 @@ def test_n_choices_seeded(client, offline):
         ({"prompt": [1, 10**9]}, "prompt", "out of range"),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
         ({"prompt": []}, "prompt", "empty"),
+        # vLLM's words for the context window (256 tokens in the tiny config), which clients read limits from
+        ({"prompt": [5] * 250, "max_tokens": 7}, "max_tokens", "is too large: 7. This model's maximum context length"),
+        ({"prompt": [5] * 256}, "prompt", "maximum context length is 256 tokens. However, your request has 256"),
     ],
 )
 def test_bad_completion_request_is_400_naming_the_parameter(client, body, param, message):
@@ -155,6 +178,17 @@ def test_bad_completion_request_is_400_naming_the_parameter(client, body, param,
     assert client.completions.create(model="tiny", prompt="x", max_tokens=1).choices  # still serving
 
 
+def test_a_request_for_another_model_is_404(client):
+    calls = [
+        lambda: client.completions.create(model="gpt-4o", prompt="x", max_tokens=1),
+        lambda: client.chat.completions.create(model="gpt-4o", messages=[{"role": "user", "content": "x"}]),
+    ]
+    for call in calls:
+        with pytest.raises(openai.NotFoundError) as info:
+            call()
+        assert info.value.body["param"] == "model" and "gpt-4o" in info.value.body["message"]
+
+
 def test_bad_chat_request(client):
     with pytest.raises(openai.BadRequestError) as info:
         client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "x"}], top_logprobs=2)
@@ -164,10 +198,14 @@ def test_bad_chat_request(client):
             model="tiny", messages=[{"role": "user", "content": "x"}], logprobs=True, top_logprobs=21
         )
     assert info.value.body["param"] == "top_logprobs"
+    messages = [{"role": "user", "content": "x"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=messages, max_completion_tokens=300)
+    assert info.value.body["param"] == "max_completion_tokens" and "is too large: 300" in info.value.body["message"]
 
 
 def test_disconnect_mid_stream_aborts_the_request(base_url, api_key, metric):
-    aborted = metric("qwen3_runtime_requests_aborted_total")
+    aborted = metric(ABORTED)
     body = {"prompt": PROMPT, "max_tokens": 200, "ignore_eos": True, "stream": True}
     headers = {"Authorization": f"Bearer {api_key}"}
     with httpx.stream("POST", f"{base_url}/v1/completions", json=body, headers=headers, timeout=60) as resp:
@@ -179,7 +217,7 @@ def test_disconnect_mid_stream_aborts_the_request(base_url, api_key, metric):
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_disconnect_before_a_whole_response_aborts_the_request(base_url, api_key, metric, path):
-    aborted = metric("qwen3_runtime_requests_aborted_total")
+    aborted = metric(ABORTED)
     body = {"max_tokens": 230, "ignore_eos": True, "temperature": 0}
     body.update({"prompt": PROMPT} if path == "/v1/completions" else {"messages": [{"role": "user", "content": "Hi"}]})
     headers = {"Authorization": f"Bearer {api_key}"}
@@ -191,7 +229,7 @@ def test_disconnect_before_a_whole_response_aborts_the_request(base_url, api_key
 def wait_aborted(metric, aborted_before: float) -> None:
     """The server counts one more aborted request, and none runs any more."""
     deadline = time.monotonic() + 20
-    while metric("qwen3_runtime_requests_aborted_total") == aborted_before:
+    while metric(ABORTED) == aborted_before:
         assert time.monotonic() < deadline, "the request was not aborted"
         time.sleep(0.1)
     assert metric("qwen3_runtime_num_requests_running") == 0
