@@ -1,0 +1,72 @@
+"""Request bodies -> engine requests, without a server: prompts, seeds per choice, max_tokens from the context, the
+400s' parameters and vLLM's words."""
+
+import pytest
+
+from qwen3_runtime.params import RequestLimits
+from qwen3_runtime.server.errors import APIError
+from qwen3_runtime.server.inputs import chat_inputs, completion_inputs
+from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from qwen3_runtime.tokenizer import Tokenizer
+
+LIMITS = RequestLimits(vocab_size=151936, max_model_len=64, max_logprobs=5, eos_token_ids=(151645,))
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return Tokenizer.builtin_qwen3()
+
+
+def test_each_prompt_takes_n_choices_seeded_in_turn(tok):
+    req = CompletionRequest(prompt=[[1, 2], [3]], n=2, seed=2**63 - 1, max_tokens=4)
+    inputs = completion_inputs(req, tok, LIMITS)
+    assert [(x.prompt_index, x.prompt, x.params.seed) for x in inputs] == [
+        (0, [1, 2], 2**63 - 1),
+        (0, [1, 2], 0),  # seed + 1, wrapped into the seeds' range
+        (1, [3], 2**63 - 1),
+        (1, [3], 0),
+    ]
+    unseeded = completion_inputs(CompletionRequest(prompt="hi", n=2), tok, LIMITS)
+    assert all(x.params.seed is None for x in unseeded)  # each drawn by the runtime
+
+
+def test_max_tokens_defaults(tok):
+    (completion,) = completion_inputs(CompletionRequest(prompt=[1, 2, 3]), tok, LIMITS)
+    assert completion.params.max_tokens == 16  # OpenAI's default for completions
+    (unbounded,) = completion_inputs(CompletionRequest(prompt=[1, 2, 3], max_tokens=None), tok, LIMITS)
+    assert unbounded.params.max_tokens == 61  # what the context leaves
+    (chat,) = chat_inputs(ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}]), tok, LIMITS)
+    assert chat.params.max_tokens == LIMITS.max_model_len - len(chat.prompt)
+    both = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=9, max_completion_tokens=3)
+    assert chat_inputs(both, tok, LIMITS)[0].params.max_tokens == 3
+
+
+def test_echo_with_logprobs_asks_the_prompts_logprobs(tok):
+    (x,) = completion_inputs(CompletionRequest(prompt=[1, 2], echo=True, logprobs=2), tok, LIMITS)
+    assert (x.params.logprobs, x.params.prompt_logprobs) == (2, 2)
+
+
+@pytest.mark.parametrize(
+    "make, param, message",
+    [
+        (lambda: CompletionRequest(prompt=[7] * 60, max_tokens=5), "max_tokens", "is too large: 5. This model's"),
+        (lambda: CompletionRequest(prompt=[7] * 64), "prompt", "your request has 64 input tokens"),
+        (lambda: CompletionRequest(prompt=[[7], [7] * 70]), "prompt", "your request has 70 input tokens"),
+        (lambda: CompletionRequest(prompt=[1], logprobs=6), "logprobs", "greater than max allowed: 5"),
+        (
+            lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_completion_tokens=64),
+            "max_completion_tokens",
+            "(64 > 64 - ",
+        ),
+        (lambda: ChatCompletionRequest(messages=[{"role": "user", "content": "hi " * 80}]), "messages", "context"),
+        # 32 stop ids and the EOS id: over the limit only when the EOS id counts, as the engine counts it
+        (lambda: CompletionRequest(prompt=[1], stop_token_ids=list(range(32)), min_tokens=1), "min_tokens", "33 stop"),
+    ],
+)
+def test_a_request_past_a_limit_is_a_400_naming_the_parameter(tok, make, param, message):
+    req = make()
+    build = chat_inputs if isinstance(req, ChatCompletionRequest) else completion_inputs
+    with pytest.raises(APIError) as info:
+        build(req, tok, LIMITS)
+    error = info.value
+    assert error.status == 400 and error.param == param and message in error.message, error.message
