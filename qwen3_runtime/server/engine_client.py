@@ -96,14 +96,17 @@ class EngineClient:
     def new_id(self) -> str:
         return f"{next(self._ids)}"
 
-    def add(self, request_id: str, prompt: list[int], params: SamplingParams, queue: asyncio.Queue) -> None:
+    def add(
+        self, request_id: str, prompt: list[int], params: SamplingParams, queue: asyncio.Queue, first: bool = True
+    ) -> None:
         """Submit a checked request; its updates go to `queue`, which must have room for max_tokens + 3 of
-        them (one per step that produced a token, the final one, EngineDead), so put_nowait never fails."""
+        them (one per step that produced a token, the final one, EngineDead), so put_nowait never fails. first:
+        the prompt's first choice (the metrics count a prompt once, as usage does)."""
         if not self.alive:
             raise EngineDead("the engine process is not running")
         self._streams[request_id] = RequestStream(queue)
         self._send(AddRequest(request_id, prompt, params))
-        self.metrics.prompt_tokens.inc(len(prompt))
+        self.metrics.prompt_tokens.inc(len(prompt) if first else 0)
 
     def abort(self, request_id: str, stopped: bool = False) -> None:
         """End a request the client no longer wants: it disconnected, or (stopped) a stop string ended it."""

@@ -25,8 +25,10 @@ class Generation:
 
     def start(self) -> None:
         try:
+            counted = set()
             for request_id, x in zip(self.ids, self.inputs):
-                self.client.add(request_id, x.prompt, x.params, self._queue)
+                self.client.add(request_id, x.prompt, x.params, self._queue, first=x.prompt_index not in counted)
+                counted.add(x.prompt_index)
         except EngineDead:
             self.abort()
             raise engine_unavailable() from None

@@ -147,9 +147,11 @@ def test_stop_string_cuts_output(client, metric, stream):
     assert metric(ABORTED) == aborted
 
 
-def test_n_choices_seeded(client, offline):
+def test_n_choices_seeded(client, offline, metric):
     args = dict(model="tiny", prompt=PROMPT, max_tokens=4, temperature=1.0, n=3, seed=7)
+    prompt_tokens = metric("qwen3_runtime_prompt_tokens_total")
     first, again = client.completions.create(**args), client.completions.create(**args)
+    assert metric("qwen3_runtime_prompt_tokens_total") - prompt_tokens == 2 * first.usage.prompt_tokens
     assert [c.index for c in first.choices] == [0, 1, 2]
     assert [c.text for c in first.choices] == [c.text for c in again.choices]
     assert first.usage.completion_tokens == 12
