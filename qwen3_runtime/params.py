@@ -156,9 +156,10 @@ def check_request(prompt: object, params: object, limits: RequestLimits) -> tupl
     prompt = check_token_ids("prompt", prompt, vocab)
     if not prompt:
         raise ValueError("prompt is empty: a request needs at least one prompt token id")
-    if len(prompt) > limits.max_model_len:
+    if len(prompt) >= limits.max_model_len:  # as in vLLM: max_model_len counts the generated tokens too
         raise ValueError(
-            f"prompt has {len(prompt)} tokens: it must be at most engine.max_model_len={limits.max_model_len}"
+            f"prompt has {len(prompt)} tokens: it must be shorter than engine.max_model_len={limits.max_model_len}, "
+            "which counts the generated tokens too"
         )
     check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
     for token in params.logit_bias or ():
@@ -178,6 +179,7 @@ def check_request(prompt: object, params: object, limits: RequestLimits) -> tupl
         if limits.max_logprobs == -1:
             check_range(name, value, -1, vocab, note="-1: the whole vocabulary")
         else:
-            note = "logprobs.max_logprobs; -1, the full vocabulary, needs max_logprobs: -1"
-            check_range(name, value, 0, limits.max_logprobs, note=note)
+            limit = "the vocabulary's size" if vocab < limits.max_logprobs else "logprobs.max_logprobs"
+            note = f"{limit}; -1, the full vocabulary, needs max_logprobs: -1"
+            check_range(name, value, 0, min(limits.max_logprobs, vocab), note=note)
     return prompt, params

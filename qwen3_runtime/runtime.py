@@ -9,6 +9,7 @@ from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from qwen3_runtime import ops
@@ -66,7 +67,8 @@ class Runtime:
         self._in_flight: StepInFlight | None = None
         self._live: dict[int, Request] = {}  # by request_id, until finished
         self._updates: list[RequestUpdate] = []  # of streamed requests, until taken
-        self._aborted: list[RequestOutput] = []  # returned by the next step()
+        # Returned by the next step(): aborted requests', and those of other requests a generate() call ran to the end.
+        self._undelivered: list[RequestOutput] = []
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Runtime:
@@ -114,7 +116,7 @@ class Runtime:
         while req.output and req.output[-1] == PENDING:  # rows of steps in flight, discarded when read
             req.output.pop()
         slot = len(req.output) - 1
-        self._aborted.append(self._finish(req, slot, "abort", time.perf_counter()))
+        self._undelivered.append(self._finish(req, slot, "abort", time.perf_counter()))
         if req.stream:
             self._updates.append(RequestUpdate(request_id, [], None, None, "abort", None, len(req.prompt)))
 
@@ -124,7 +126,7 @@ class Runtime:
         return updates
 
     def has_unfinished(self) -> bool:
-        return self.scheduler.has_work() or self._in_flight is not None or bool(self._aborted)
+        return self.scheduler.has_work() or self._in_flight is not None or bool(self._undelivered)
 
     def step(self) -> list[RequestOutput]:
         """Schedule, run, process: one prefill or decode batch; returns the requests that finished.
@@ -134,7 +136,7 @@ class Runtime:
         host schedules and stages while the GPU runs, and the tokens of the step in flight go out while the
         next one runs, a prefill step too."""
         previous, self._in_flight = self._in_flight, None
-        finished, self._aborted = self._aborted, []
+        finished, self._undelivered = self._undelivered, []
         reqs, is_prefill = self.scheduler.schedule(finishing=self._ending(previous))
         launched = None
         if reqs:
@@ -209,12 +211,16 @@ class Runtime:
 
     def generate(
         self,
-        prompts: Seq[Prompt],
+        prompts: Prompt | Seq[Prompt],
         params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Run prompts to completion. A rejected request comes back with `error` set and no tokens;
-        the others are served as usual. Outputs are in the order of `prompts`."""
+        """Run prompts (or one prompt: a text, token ids, chat messages) to completion. A rejected request comes
+        back with `error` set and no tokens; the others are served as usual. Outputs are in the order of
+        `prompts`. Requests added before keep running beside them; those that end meanwhile come with the next
+        step()."""
+        if _one_prompt(prompts):
+            prompts = [prompts]
         params = params or SamplingParams()
         per_request = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(per_request) != len(prompts):
@@ -232,13 +238,18 @@ class Runtime:
                 prompt_ids = plain_token_ids(prompt)
                 outputs[request_id] = RequestOutput(request_id, prompt_ids, [], None, None, "error", error=str(e))
             ids.append(request_id)
+        others = []
         with tqdm(total=sum(budget.values()), unit="tok", disable=not use_tqdm, dynamic_ncols=True) as bar:
-            while self.has_unfinished():
+            while budget.keys() - outputs.keys():
                 before = self.num_generated
                 for out in self.step():
+                    if out.request_id not in budget:
+                        others.append(out)
+                        continue
                     outputs[out.request_id] = out
                     bar.total -= budget[out.request_id] - len(out.token_ids)  # tokens that will not come
                 bar.update(self.num_generated - before)
+        self._undelivered += others
         return [outputs[i] for i in ids]
 
     def _new_id(self) -> int:
@@ -248,3 +259,14 @@ class Runtime:
     def _validate(self, prompt: object, params: object) -> tuple[list[int], SamplingParams]:
         """The prompt as ints and a checked copy of the params; ValueError names what is wrong."""
         return check_request(prompt, params, self.limits)
+
+
+def _one_prompt(prompts: object) -> bool:
+    """Whether generate() was given one prompt rather than a list of them: a text, token ids or chat messages."""
+    if isinstance(prompts, str):
+        return True
+    items = list(prompts) if isinstance(prompts, (list, tuple)) else []
+    return bool(items) and (
+        all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in items)
+        or all(isinstance(m, dict) for m in items)
+    )

@@ -113,7 +113,11 @@ LIMITS = RequestLimits(vocab_size=512, max_model_len=64, max_logprobs=20)
         ([1, 2.0], "prompt[1]=2.0 is invalid: expected an integer"),
         ([1, 512], "prompt[1]=512 is out of range: must be in [0, 512)"),
         ([], "prompt is empty: a request needs at least one prompt token id"),
-        ([1] * 65, "prompt has 65 tokens: it must be at most engine.max_model_len=64"),
+        (
+            [1] * 64,
+            "prompt has 64 tokens: it must be shorter than engine.max_model_len=64, which counts the generated "
+            "tokens too",
+        ),
     ],
 )
 def test_wrong_prompts_are_named_accurately(prompt, text):
@@ -154,6 +158,9 @@ def test_submission_checks_the_model_limits_and_returns_a_checked_copy():
     assert check_request([1], SamplingParams(prompt_logprobs=-1), whole)[1].prompt_logprobs == -1
     with pytest.raises(ValueError, match=r"^prompt_logprobs=513 is out of range: must be in \[-1, 512\]"):
         check_request([1], SamplingParams(prompt_logprobs=513), whole)
+    roomy = RequestLimits(vocab_size=512, max_model_len=64, max_logprobs=100_000)  # the vocabulary binds first
+    with pytest.raises(ValueError, match=r"^logprobs=513 is out of range: must be in \[0, 512\] \(the vocabulary's"):
+        check_request([1], SamplingParams(logprobs=513), roomy)
     with pytest.raises(ValueError, match=r"^params='greedy' is invalid: expected SamplingParams$"):
         check_request([1], "greedy", LIMITS)
     mine = SamplingParams(stop_token_ids=[3])

@@ -237,6 +237,34 @@ def test_text_and_chat_prompts_go_through_the_tokenizer(make_runtime):
     assert by_text[2].error == "prompt is empty: a request needs at least one prompt token id"
 
 
+def test_one_prompt_of_any_kind_and_chat_content_parts(make_runtime):
+    """generate() takes a single text, token ids or chat (as vLLM's LLM.generate does); a message's text parts are
+    joined with newlines, a part that is not text fails its request."""
+    rt = make_runtime()
+    params = SamplingParams(max_tokens=2, temperature=0, ignore_eos=True)
+    chat = [{"role": "user", "content": "Hi\nthere"}]
+    parts = [{"role": "user", "content": [{"type": "text", "text": "Hi"}, {"type": "text", "text": "there"}]}]
+    ids = rt.tokenizer.encode("Hi")
+    for one, many in [("Hi", ["Hi"]), (ids, [ids]), (parts, [chat])]:
+        (single,), (listed,) = rt.generate(one, params), rt.generate(many, params)
+        assert (single.prompt_token_ids, single.token_ids) == (listed.prompt_token_ids, listed.token_ids)
+    (image,) = rt.generate([[{"role": "user", "content": [{"type": "image_url", "image_url": "x"}]}]], params)
+    assert image.error.startswith("prompt[0].content[0]={'type': 'image_url'")
+
+
+def test_generate_beside_requests_added_before(make_runtime, tiny_checkpoint):
+    """generate() returns its own outputs; a request added before runs beside them, its output kept for step()."""
+    rt = make_runtime(tiny_checkpoint)
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True)
+    early = rt.add_request([1, 2], params)
+    (out,) = rt.generate([[3, 4, 5]], params)
+    assert len(out.token_ids) == 3 and out.request_id != early
+    later = []
+    while rt.has_unfinished():
+        later += rt.step()
+    assert [o.request_id for o in later] == [early] and later[0].token_ids == rt.generate([[1, 2]], params)[0].token_ids
+
+
 def test_text_the_tokenizer_cannot_read_fails_its_request_alone(make_runtime):
     """An unpaired surrogate (bytes that are not UTF-8, decoded with surrogateescape as argv is) in a text prompt or
     a chat message: that request's ValueError names the prompt; the others run."""

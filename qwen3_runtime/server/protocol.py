@@ -187,11 +187,8 @@ class ChatMessage(BaseModel):
                 raise refused(param, f"{param} must be a string")
 
     def as_template_input(self) -> dict[str, Any]:
-        """The message for the chat template: its text parts joined with newlines, as vLLM does."""
-        msg = self.model_dump(exclude_none=True)
-        if isinstance(self.content, list):
-            msg["content"] = "\n".join(p["text"] for p in self.content)
-        return msg
+        """The message for the chat template (which joins text parts, tokenizer/chat_template.py)."""
+        return self.model_dump(exclude_none=True)
 
 
 class ChatCompletionRequest(_Request):

@@ -81,9 +81,28 @@ def render(source: str, messages: list[dict[str, Any]], add_generation_prompt: b
     context.setdefault("documents", None)
     try:
         return compile_template(source).render(
-            messages=messages, add_generation_prompt=add_generation_prompt, **context
+            messages=joined_text_parts(messages), add_generation_prompt=add_generation_prompt, **context
         )
     except ChatTemplateError:
         raise
     except jinja2.TemplateError as e:
         raise ChatTemplateError(f"chat template failed to render: {e}") from e
+
+
+def joined_text_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Messages whose content is a list of OpenAI content parts get their text parts joined with newlines, as vLLM
+    renders them: Qwen3's template reads string content only (a list renders as nothing). A part that is not text
+    is a ChatTemplateError naming it: this model reads nothing else."""
+    joined = []
+    for i, message in enumerate(messages):
+        parts = message.get("content") if isinstance(message, dict) else None
+        if isinstance(parts, list):
+            for j, part in enumerate(parts):
+                if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise ChatTemplateError(
+                        f"prompt[{i}].content[{j}]={part!r} is not supported: only text parts "
+                        "({'type': 'text', 'text': ...}) are"
+                    )
+            message = {**message, "content": "\n".join(part["text"] for part in parts)}
+        joined.append(message)
+    return joined
