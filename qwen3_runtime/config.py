@@ -49,6 +49,11 @@ class ArchitectureConfig:
             )
         if self.head_dim % 2:
             raise ConfigError(f"head_dim={self.head_dim} must be even (rotary embedding)")
+        if not all(0 <= t < self.vocab_size for t in self.eos_token_ids):
+            raise ConfigError(
+                f"eos_token_id={self.eos_token_id!r} is out of range: each id must be in [0, {self.vocab_size}) "
+                "(vocab_size)"
+            )
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

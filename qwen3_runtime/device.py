@@ -19,7 +19,10 @@ _GIB = 1024**3
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:  # "cuda:abc", "cuda:-1", "cudafoo"
+        raise ConfigError(f"engine.device={name!r} is invalid: use auto, cpu, cuda or cuda:N") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError(f"engine.device={name!r} is unavailable: this machine has no CUDA device (use auto or cpu)")
     if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():

@@ -52,6 +52,8 @@ def test_overrides_from_python_and_cli_text():
         ({"model.architecture.hidden_size": 2**63}, ["model.architecture.hidden_size", "[1, 2147483647]"]),
         ({"engine.num_kv_blocks": 2**31}, ["engine.num_kv_blocks=2147483648", "[1, 2147483647]"]),
         ({"model.seed": 2**64}, ["model.seed", "[0, 9223372036854775807]"]),
+        # tiny's EOS ids are Qwen3's: a smaller vocabulary must name its own
+        ({"model.architecture.vocab_size": 1000}, ["model.architecture.eos_token_id=[151645, 151643]", "[0, 1000)"]),
     ],
 )
 def test_bad_values_name_the_dotted_key(overrides, words):

@@ -95,3 +95,6 @@ def test_missing_cuda_device_is_a_config_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
     with pytest.raises(ConfigError, match=r"engine.device='cuda:1' is unavailable: this machine has 1 CUDA device"):
         dev.resolve_device("cuda:1")
+    for name in ("cuda:abc", "cuda:-1", "cudafoo"):  # past the config's prefix check, refused by torch
+        with pytest.raises(ConfigError, match=rf"engine.device='{name}' is invalid: use auto, cpu, cuda or cuda:N"):
+            dev.resolve_device(name)

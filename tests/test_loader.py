@@ -106,6 +106,14 @@ def test_eos_ids_merge_generation_config(tiny_checkpoint, tmp_path, own, generat
     assert read_architecture(path).eos_token_ids == expected
 
 
+def test_generation_config_eos_outside_the_vocabulary_is_an_error(tiny_checkpoint, tmp_path):
+    path = _copy(tiny_checkpoint, tmp_path)
+    vocab = json.loads((path / "config.json").read_text())["vocab_size"]
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, vocab]}))
+    with pytest.raises(ConfigError, match=rf"generation_config.json: eos_token_id=\[1, {vocab}\] is out of range"):
+        read_architecture(path)
+
+
 def test_untied_checkpoint_without_lm_head_is_an_error(make_checkpoint):
     path = make_checkpoint(tie_word_embeddings=False)
     _edit(path, lambda t: t.pop("lm_head.weight"))

@@ -13,7 +13,8 @@ from scripts import bench_prefill as bench
 from scripts.floors import layer_linear_params, prefill_flops
 
 ARGS = ["--config", "tiny", "--set", "engine.device=cpu", "--set", "model.dtype=float32"]
-ARGS += ["--set", "model.architecture.vocab_size=512", "--no-hf", "--repeats", "1", "--shapes", "1x8", "2x16"]
+ARGS += ["--set", "model.architecture.vocab_size=512", "--set", "model.architecture.eos_token_id=511"]
+ARGS += ["--no-hf", "--repeats", "1", "--shapes", "1x8", "2x16"]
 ARGS += ["--rates", "100", "--num-requests", "4", "--prompt-range", "8", "24", "--output-range", "2", "4"]
 ARGS += ["--chunk-sizes", "16", "--system-len", "32", "--questions", "3", "--question-range", "4", "8"]
 ARGS += ["--answer-tokens", "2", "--prompt-len", "24"]
