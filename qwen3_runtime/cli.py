@@ -31,12 +31,13 @@ def main(argv: list[str] | None = None) -> int:
         return _serve(args)
     try:
         config = load_config(args.config, dict(parse_override(s) for s in args.set))
-        prompts = [_parse_ids(p) for p in args.prompt_ids]
+        given = [(kind, _parse_ids(text) if kind == "ids" else text) for kind, text in args.prompts]
         rt = Runtime(config)
         # The tokenizer and the chat template are the config's: their errors stop the run. A text the tokenizer
         # cannot read fails its own request in the Runtime, as a bad list of ids does.
-        tokenizer = rt.tokenizer if args.prompt or args.chat else None
-        prompts += args.prompt + [rt.tokenizer.apply_chat_template([{"role": "user", "content": m}]) for m in args.chat]
+        tokenizer = rt.tokenizer if any(kind != "ids" for kind, _ in given) else None
+        chat = rt.tokenizer.apply_chat_template
+        prompts = [chat([{"role": "user", "content": p}]) if kind == "chat" else p for kind, p in given]
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -46,10 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     if not prompts:
         prompts = job.prompts or _random_prompts(job.num_prompts, job.prompt_len, rt.vocab_size, job.prompt_seed)
     start = time.perf_counter()
-    outputs = rt.generate(prompts, job.sampling, use_tqdm=True)
+    outputs = rt.generate(prompts, job.sampling, use_tqdm=not args.quiet)
     wall = time.perf_counter() - start
-    if not args.quiet:
-        for out in outputs:
+    for out in outputs:
+        if not args.quiet or out.error:  # quiet or not, a failed request says why
             _print_output(out, tokenizer)
     _print_timing(outputs, wall)
     return 1 if any(out.error for out in outputs) else 0
@@ -65,18 +66,15 @@ def _parser() -> argparse.ArgumentParser:
         default="tiny",
         help=f"a YAML file or a bundled config ({', '.join(bundled_configs())}); default: tiny",
     )
-    gen.add_argument("--prompt", action="append", default=[], metavar="TEXT", help="a text prompt; repeatable")
-    gen.add_argument(
-        "--chat", action="append", default=[], metavar="MESSAGE", help="a user message, through the chat template"
-    )
-    gen.add_argument(
-        "--prompt-ids",
-        action="append",
-        default=[],
-        metavar="1,2,3",
-        help="a prompt as comma-separated token ids; repeatable (with no prompt at all: the config's "
-        "generate.prompts, or random ones)",
-    )
+    # The three kinds of prompt share one list, so the requests keep the order they were given in.
+    gen.set_defaults(prompts=[])
+    for flag, kind, metavar, help_text in (
+        ("--prompt", "text", "TEXT", "a text prompt"),
+        ("--chat", "chat", "MESSAGE", "a user message, through the chat template"),
+        ("--prompt-ids", "ids", "1,2,3", "a prompt as comma-separated token ids"),
+    ):
+        gen.add_argument(flag, action="append", dest="prompts", type=_tagged(kind), metavar=metavar, help=help_text)
+    gen.epilog = "Each prompt option repeats; with no prompt at all: the config's generate.prompts, or random ones."
     gen.add_argument(
         "--set",
         action="append",
@@ -84,7 +82,7 @@ def _parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override a config key, e.g. --set logprobs.path=host",
     )
-    gen.add_argument("--quiet", action="store_true", help="print only the timing summary")
+    gen.add_argument("--quiet", action="store_true", help="print only failed requests and the timing summary")
     _serve_parser(sub)
     return parser
 
@@ -149,6 +147,11 @@ def _version() -> str:
         return importlib.metadata.version("qwen3_runtime")
     except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
         return "(version unknown: not installed)"
+
+
+def _tagged(kind: str):
+    """An argparse type: the argument as (kind, text)."""
+    return lambda text: (kind, text)
 
 
 def _parse_ids(text: str) -> list[int]:

@@ -167,3 +167,17 @@ def test_text_and_chat_prompts_print_text(capsys):
     assert lines[2].startswith("    text: '") and lines[4].startswith("    text: '")
     # The chat message in ChatML: <|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n
     assert lines[3].startswith("[1] prompt 9 tokens")
+
+
+def test_prompts_keep_their_order_and_quiet_still_names_failures(capsys):
+    rc, out, _ = _run(
+        capsys, "--chat", "Hello", "--prompt-ids", "1,2", "--prompt", "Hi", "--set", "generate.sampling.max_tokens=1"
+    )
+    assert rc == 0
+    assert [line.split(" tokens")[0] for line in out.splitlines() if line.startswith("[")] == [
+        "[0] prompt 9",
+        "[1] prompt 2",
+        "[2] prompt 1",
+    ]
+    rc, out, err = _run(capsys, "--quiet", "--prompt-ids", "1,2", "--set", "generate.sampling.logprobs=50")
+    assert rc == 1 and out.startswith("[0] error: logprobs=50 is out of range") and "no request succeeded" in err
