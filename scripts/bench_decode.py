@@ -1,7 +1,7 @@
 """Decode speed: TPOT of greedy generation per batch size (random weights of a real Qwen3 shape), beside
-the weight-read floor, each batch's step floor (weights and K/V read at the copy bandwidth, or the FLOPs at
-the large-matmul rate, whichever is longer) and Hugging Face transformers' static-cache `generate`, all
-measured in this run.
+the weight-read floor, each batch's step floor (weights and K/V read at the larger of the copy and read
+bandwidths, or the FLOPs at the large-matmul rate, whichever is longer) and Hugging Face transformers'
+static-cache `generate`, all measured in this run.
 
 Usage: python -m scripts.bench_decode --config qwen3-4b --batch 1 8 32 64 [--quick]
     [--sampling greedy temperature filtered] --out DIR
@@ -28,7 +28,7 @@ from qwen3_runtime import Runtime, SamplingParams
 from scripts.floors import decode_step_floor_s, weight_bytes
 from scripts.hf_reference import random_hf_model, static_cache_tpot
 from scripts.report import environment
-from scripts.timing import copy_bandwidth, matmul_rate
+from scripts.timing import matmul_rate, stream_bandwidths
 
 # temperature: the unfiltered random graph variant; filtered: top-k selection; top_p: top-p alone's rounds after
 # the Gumbel pass; min_p: no filter.
@@ -106,12 +106,20 @@ def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:
         floor = decode_step_floor_s(
             rt.model.config, weight_bytes(rt.model), batch, context, rt.dtype.itemsize, args.bandwidth, args.rate
         )
-        stats |= {"step_floor_ms": 1e3 * floor, "vs_step_floor": _medians(runs)["tpot_ms"] / (1e3 * floor)}
-        rows.append({"mode": label, **_medians(runs), **stats})
+        medians = _medians(runs)
+        # Where the batch's prompts take several prefill steps, its requests' TPOT holds those steps; ITL, the
+        # median time between steps, is then the decode step's time.
+        stats |= {
+            "step_floor_ms": 1e3 * floor,
+            "vs_step_floor": medians["tpot_ms"] / (1e3 * floor),
+            "itl_vs_step_floor": medians["itl_ms"] / (1e3 * floor),
+        }
+        rows.append({"mode": label, **medians, **stats})
         print(
             f"{args.config} {label} batch {batch:3d}: TPOT {rows[-1]['tpot_ms']:.2f} ms  ITL {rows[-1]['itl_ms']:.2f} "
             f"ms  TTFT {rows[-1]['ttft_ms']:.1f} ms  {rows[-1]['tokens_per_s']:.0f} tok/s  step floor "
-            f"{rows[-1]['step_floor_ms']:.2f} ms (x{rows[-1]['vs_step_floor']:.2f})",
+            f"{rows[-1]['step_floor_ms']:.2f} ms (TPOT x{rows[-1]['vs_step_floor']:.2f}, ITL "
+            f"x{rows[-1]['itl_vs_step_floor']:.2f})",
             flush=True,
         )
     nbytes = weight_bytes(rt.model)
@@ -148,12 +156,10 @@ def _medians(runs: list[dict]) -> dict:
     return {**{k: statistics.median(r[k] for r in runs) for k in runs[0]}, "tpot_ms_runs": [r["tpot_ms"] for r in runs]}
 
 
-def write_result(
-    args: argparse.Namespace, rows: list[dict], hf_rows: list[dict], nbytes: int, bandwidth: float
-) -> None:
+def write_result(args: argparse.Namespace, rows: list[dict], hf_rows: list[dict], nbytes: int) -> None:
     """decode.json with every row so far and the ratios they allow, rewritten as rows arrive: a run
     stopped by a time limit keeps what it measured."""
-    floor_ms = 1e3 * nbytes / bandwidth
+    floor_ms = 1e3 * nbytes / args.bandwidths["bandwidth_bytes_s"]
     for row in rows + hf_rows:
         row["vs_floor"] = row["tpot_ms"] / floor_ms
     for row, (mode, key) in itertools.product(
@@ -169,7 +175,7 @@ def write_result(
         "max_tokens": args.max_tokens,
         "repeats": args.repeats,
         "weight_bytes": nbytes,
-        "copy_bandwidth_bytes_s": bandwidth,
+        **args.bandwidths,
         "floor_ms": floor_ms,
         "rows": rows + hf_rows,
         **environment(),
@@ -213,21 +219,24 @@ def main() -> None:
     args = parser.parse_args()
     if args.quick:
         args.max_tokens, args.repeats, args.modes, args.hf_batch = 32, 1, ["graph-async"], args.hf_batch[:1]
-    bandwidth = args.bandwidth = copy_bandwidth()
+    args.bandwidths = stream_bandwidths()
+    bandwidth = args.bandwidth = args.bandwidths["bandwidth_bytes_s"]
     args.rate = matmul_rate()
     rows = []
     for mode in args.modes:
         mode_rows, nbytes = ours(args, mode)
         rows += mode_rows
     print(
-        f"weight-read floor: {nbytes / 1e9:.2f} GB / {bandwidth / 1e12:.2f} TB/s = {1e3 * nbytes / bandwidth:.3f} ms",
+        f"weight-read floor: {nbytes / 1e9:.2f} GB / {bandwidth / 1e12:.2f} TB/s (copy "
+        f"{args.bandwidths['copy_bandwidth_bytes_s'] / 1e12:.2f}, read {args.bandwidths['read_bandwidth_bytes_s'] / 1e12:.2f}"
+        f") = {1e3 * nbytes / bandwidth:.3f} ms",
         flush=True,
     )
     hf_rows: list[dict] = []
-    write_result(args, rows, hf_rows, nbytes, bandwidth)
+    write_result(args, rows, hf_rows, nbytes)
     for row in transformers_static(args) if args.hf_batch else []:
         hf_rows.append(row)
-        write_result(args, rows, hf_rows, nbytes, bandwidth)
+        write_result(args, rows, hf_rows, nbytes)
     for row, (mode, key) in itertools.product(
         hf_rows, (("graph", "speedup_of_ours"), ("graph-async", "speedup_of_async"))
     ):

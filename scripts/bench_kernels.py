@@ -18,7 +18,6 @@ from pathlib import Path
 
 import torch
 import triton
-import triton.language as tl
 
 from qwen3_runtime.ops import decode_attention
 from qwen3_runtime.ops import linear as skinny
@@ -31,7 +30,7 @@ from qwen3_runtime.params import MAX_LOGIT_BIAS
 from qwen3_runtime.runner import TOP_K_CAP
 from qwen3_runtime.sampler import SamplingTensors, filter_cutoffs, sample_raw, sample_selected
 from scripts.report import environment
-from scripts.timing import copy_bandwidth, graph_us_per_call
+from scripts.timing import copy_bandwidth, graph_us_per_call, read_bandwidth
 
 # Qwen3-4B: (name, out_features, in_features)
 SHAPES = [("qkv", 6144, 2560), ("o", 2560, 4096), ("gate_up", 19456, 2560), ("down", 2560, 9728)]
@@ -196,30 +195,6 @@ def sampling_rows(batches: list[int]) -> list[dict]:
             flush=True,
         )
     return rows
-
-
-@triton.jit
-def _read_kernel(src_ptr, out_ptr, chunk, rounds, num_chunks, BLOCK: tl.constexpr):
-    """Each round program p sums chunk (p + round) % num_chunks of src through L2 alone (.cg): no SM's L1 serves a
-    re-read, and every round reads the whole buffer once."""
-    pid = tl.program_id(0)
-    acc = tl.zeros([BLOCK], tl.float32)
-    for r in range(rounds):
-        base = src_ptr + ((pid + r) % num_chunks).to(tl.int64) * chunk
-        for offset in range(0, chunk, BLOCK):
-            acc += tl.load(base + offset + tl.arange(0, BLOCK), cache_modifier=".cg").to(tl.float32)
-    tl.store(out_ptr + pid * BLOCK + tl.arange(0, BLOCK), acc)
-
-
-def read_bandwidth(buffer_bytes: int, rounds: int) -> float:
-    """Bytes/s all SMs read from a bf16 buffer of `buffer_bytes`: L2's bandwidth while it fits in L2, DRAM's beyond."""
-    block, blocks = 8192, buffer_bytes // 2 // 8192  # 16 KB a program in flight, several programs an SM
-    blocks_per_program = triton.cdiv(blocks, 8 * torch.cuda.get_device_properties(0).multi_processor_count)
-    programs, chunk = blocks // blocks_per_program, blocks_per_program * block
-    src = torch.randn(programs * chunk, device="cuda", dtype=torch.bfloat16)
-    out = torch.empty(programs * block, device="cuda")
-    read = lambda s: _read_kernel[(programs,)](s, out, chunk, rounds, programs, BLOCK=block, num_warps=8)  # noqa: E731
-    return src.numel() * 2 * rounds / (graph_us_per_call(read, [src]) * 1e-6)
 
 
 def cublas_kernel(x: torch.Tensor, weight: torch.Tensor) -> str:

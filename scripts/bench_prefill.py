@@ -2,8 +2,8 @@
 the same run:
 
 shapes    the engine's prefill step per prompts x tokens, against the compute floor (the forward's matmul
-          and attention FLOPs at the rate of a large matmul), the weight-read floor (weight bytes at the copy
-          bandwidth) and transformers' forward of the same batch (sdpa, logits of the last positions only);
+          and attention FLOPs at the rate of a large matmul), the weight-read floor (weight bytes at the larger of
+          the copy and read bandwidths) and transformers' forward of the same batch (sdpa, logits of the last positions only);
 arrivals  Poisson arrivals through the Python API: TTFT, inter-token latency and TPOT for each prefill chunk
           size (engine.max_num_batched_tokens), beside plain decode at the run's median decoding batch; with
           --server the same requests at the same times through `qwen3-runtime serve` too, as bench_serve's
@@ -38,7 +38,7 @@ from scripts.bench_serving import scrape, server, server_view
 from scripts.floors import prefill_flops, weight_bytes
 from scripts.hf_reference import random_hf_model
 from scripts.report import environment
-from scripts.timing import copy_bandwidth, matmul_rate, median_ms, synchronize
+from scripts.timing import matmul_rate, median_ms, stream_bandwidths, synchronize
 
 PARTS = ["shapes", "arrivals", "prefix", "prompt"]
 SHAPES = ["1x128", "1x1024", "1x4096", "1x8000", "8x1024", "16x1024", "32x128"]
@@ -122,8 +122,9 @@ def shapes(args: argparse.Namespace) -> Iterator[dict]:
         "engine.prefix_caching": False,
     })  # fmt: skip
     arch = rt.model.config
-    rate, bandwidth, nbytes = matmul_rate(rt.device, rt.dtype), copy_bandwidth(rt.device), weight_bytes(rt.model)
-    part = {"matmul_flops_s": rate, "copy_bandwidth_bytes_s": bandwidth, "weight_bytes": nbytes, "rows": []}
+    rate, bandwidths, nbytes = matmul_rate(rt.device, rt.dtype), stream_bandwidths(rt.device), weight_bytes(rt.model)
+    bandwidth = bandwidths["bandwidth_bytes_s"]
+    part = {"matmul_flops_s": rate, **bandwidths, "weight_bytes": nbytes, "rows": []}
     rng, params = np.random.default_rng(args.seed), SamplingParams(max_tokens=1, **GREEDY)
     for b, n in sizes:
         runs = [one_step_ms(rt, prompts_of(rng, rt.vocab_size, [n] * b), params) for _ in range(args.repeats + 1)]
@@ -349,9 +350,12 @@ def show(name: str, part: dict) -> None:
     """A short table of a finished part."""
     print(f"== {name}")
     if name == "shapes":
-        rate, bandwidth = part["matmul_flops_s"] / 1e12, part["copy_bandwidth_bytes_s"] / 1e12
+        rate, copy, read = (
+            part[k] / 1e12 for k in ("matmul_flops_s", "copy_bandwidth_bytes_s", "read_bandwidth_bytes_s")
+        )
         print(
-            f"floors: matmul {rate:.3g} TFLOP/s, copy {bandwidth:.3g} TB/s, {part['weight_bytes'] / 1e9:.3g} GB of weights"
+            f"floors: matmul {rate:.3g} TFLOP/s, copy {copy:.3g} TB/s, read {read:.3g} TB/s (bytes at the larger), "
+            f"{part['weight_bytes'] / 1e9:.3g} GB of weights"
         )
     rows = part.get("rows", [part])
     keys = [k for k in TABLES[name] if k in rows[0] or k in rows[-1]]

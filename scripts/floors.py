@@ -38,8 +38,9 @@ def decode_step_floor_s(
     arch: ArchitectureConfig, weight_nbytes: int, batch: int, context: int, kv_element_size: int, bandwidth: float,
     flops_per_s: float,
 ) -> float:  # fmt: skip
-    """One decode step of `batch` rows over `context` tokens each: every weight and the rows' K/V read at the copy
-    bandwidth, or the matmul FLOPs (layers, lm_head, attention) at the large-matmul rate, whichever is longer."""
+    """One decode step of `batch` rows over `context` tokens each: every weight and the rows' K/V read at
+    `bandwidth` (timing.stream_bandwidths), or the matmul FLOPs (layers, lm_head, attention) at the large-matmul
+    rate, whichever is longer."""
     kv = batch * context * arch.num_hidden_layers * 2 * arch.num_key_value_heads * arch.head_dim * kv_element_size
     flops = 2 * batch * (layer_linear_params(arch) + arch.hidden_size * arch.vocab_size)
     flops += batch * arch.num_hidden_layers * 2 * 2 * arch.num_attention_heads * arch.head_dim * context

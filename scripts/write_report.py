@@ -97,11 +97,19 @@ def decode(d: dict) -> list[str]:
         "",
         _run(d),
         "",
-        f"Weight-read floor: {d['weight_bytes'] / 1e9:.2f} GB of weights / {d['copy_bandwidth_bytes_s'] / 1e12:.2f} "
-        f"TB/s device-to-device copy bandwidth (same run) = **{d['floor_ms']:.3f} ms**.",
+        f"Weight-read floor: {d['weight_bytes'] / 1e9:.2f} GB of weights / {_bandwidth(d)} (same run) = "
+        f"**{d['floor_ms']:.3f} ms**.",
         "",
         *_table(header, rows),
     ]
+
+
+def _bandwidth(d: dict) -> str:
+    """The bandwidth a run's byte floors were taken at (runs before the read bandwidth was measured: the copy's)."""
+    copy = f"{d['copy_bandwidth_bytes_s'] / 1e12:.2f} TB/s device-to-device copy"
+    if "read_bandwidth_bytes_s" not in d:
+        return f"{copy} bandwidth"
+    return f"{d['bandwidth_bytes_s'] / 1e12:.2f} TB/s (the larger of {copy} and {d['read_bandwidth_bytes_s'] / 1e12:.2f} read)"
 
 
 def matrix(runs: list[dict]) -> list[str]:
