@@ -113,8 +113,9 @@ class BlockManager:
         req.block_table = hit
         self._num_offered[req.request_id] = len(hit)  # registered already
         num_cached = len(hit) * self.block_size
-        self.query_tokens += req.num_tokens
-        self.hit_tokens += num_cached
+        if not req.preempted:  # a readmission finds its own blocks: not what the cache is for
+            self.query_tokens += req.num_tokens
+            self.hit_tokens += num_cached
         return num_cached
 
     def cache_blocks(self, req: Request, num_tokens_known: int) -> None:

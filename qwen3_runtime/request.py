@@ -41,6 +41,7 @@ class Request:
     # outlive a preemption and are never recomputed.
     block_hashes: list[bytes] = field(default_factory=list)
     num_computed_tokens: int = 0  # of a prompt being prefilled: tokens whose KV is computed (or scheduled)
+    preempted: bool = False  # once: a readmission's prefix-cache hits are its own blocks, not counted as hits
     status: Status = Status.WAITING
     finish_reason: str | None = None  # stop | length | error | abort
     error: str | None = None

@@ -1,6 +1,7 @@
 """Continuous batching with chunked prefill: admit prompts while KV blocks allow, prefill them in chunks, the
 running requests decoding in the same step (each a one-token chunk) within `max_num_batched_tokens` tokens a step
-in all (as vLLM counts them), decode alone when no prompt is pending, preempt when blocks run out."""
+in all (as vLLM counts them), decode alone when no prompt is pending, preempt the newest admitted requests when
+blocks run out."""
 
 from __future__ import annotations
 
@@ -122,8 +123,10 @@ class Scheduler:
         return PrefillChunk(req, start, min(req.num_tokens, start + budget))
 
     def decode_batch(self, finishing: frozenset[int] = frozenset()) -> list[Request]:
-        """Every running request gets a slot for its next token; the newest are preempted to make room.
-        `finishing`: ids of requests known to end with the step in flight, left out."""
+        """Every running request gets a slot for its next token; the newest requests, decoding or still
+        prefilling, are preempted to make room. `finishing`: ids of requests known to end with the step in
+        flight, left out; their blocks come free once it is read, so a request short of blocks while they hold
+        some waits a step rather than preempt itself."""
         batch = []
         for req in list(self.running):
             if req.status is not Status.RUNNING or req.request_id in finishing:  # preempted below, or ending
@@ -131,22 +134,29 @@ class Scheduler:
             if self.blocks.blocks_needed(req) == 0:  # most steps: its last block has room
                 batch.append(req)
                 continue
-            while not self.blocks.can_grow(req) and self.running[-1] is not req:
-                self._preempt(self.running[-1])
+            while not self.blocks.can_grow(req) and (victim := self._newest_after(req, finishing)):
+                self._preempt(victim)
             if self.blocks.can_grow(req):
                 self.blocks.grow(req)
                 batch.append(req)
-            else:
+            elif not any(r.request_id in finishing for r in self.running):
                 self._preempt(req)
         return batch
 
+    def _newest_after(self, req: Request, finishing: frozenset[int]) -> Request | None:
+        """The next to preempt for req: the newest admitted request that arrived after it and is not ending."""
+        later = (r for r in self.running + self.prefilling if r.request_id > req.request_id)
+        return max((r for r in later if r.request_id not in finishing), key=lambda r: r.request_id, default=None)
+
     def _preempt(self, req: Request) -> None:
         """Free its blocks (full ones stay cached) and queue it first; it is recomputed from its tokens (or
-        its cached prefix) when readmitted."""
+        its cached prefix) when readmitted, its prompt logprobs too."""
         self._release(req)
-        self.running.remove(req)
+        (self.prefilling if req in self.prefilling else self.running).remove(req)
         req.status = Status.WAITING
         req.num_computed_tokens = 0
+        req.prompt_logprob_parts = []
+        req.preempted = True
         self.waiting.appendleft(req)
         self.num_preemptions += 1
 

@@ -85,6 +85,17 @@ def test_a_shared_prefix_hits_its_full_blocks_only():
     assert (stats.query_tokens, stats.hit_tokens, stats.num_cached) == (12 + 16, 8, 3 + 2)
 
 
+def test_a_readmitted_request_finding_its_own_blocks_is_not_counted_as_a_hit():
+    blocks = BlockManager(16, BS, prefix_caching=True)
+    a = _prompt(0, range(10))
+    _prefill(blocks, a)
+    blocks.release(a)  # preempted: its full blocks stay cached
+    a.preempted = True
+    assert _prefill(blocks, a) == 8
+    stats = blocks.check()
+    assert (stats.query_tokens, stats.hit_tokens) == (10, 0)
+
+
 def test_the_last_token_is_always_recomputed():
     blocks = BlockManager(16, BS, prefix_caching=True)
     a = _prompt(0, range(12))  # exactly three blocks, all cached after its prefill

@@ -133,6 +133,30 @@ def test_the_newest_running_request_is_preempted_and_queued_first():
     assert c.status is Status.WAITING and c.block_table == [] and len(a.block_table) == 2
 
 
+def test_a_newer_request_still_prefilling_is_preempted_before_an_older_decoding_one():
+    """As in vLLM: the newest admitted request goes first, even mid-prompt; it restarts from its cached blocks."""
+    sched = _scheduler(num_blocks=4, block_size=4, max_num_batched_tokens=8, prefix_caching=True)
+    a, b = _request(0, 4), _request(1, 12, token=2)  # a: one block, then decoding; b: three, a chunk a step
+    sched.add(a), sched.add(b)
+    assert _schedule(sched) == ([(0, 0, 4), (1, 0, 4)], True) and sched.blocks.num_free_blocks == 0
+    # a's 5th token needs a second block: b, newer and mid-prompt, gives its back (and cannot come back yet)
+    assert sched.schedule() == ([a], False) and len(a.block_table) == 2
+    assert sched.num_preemptions == 1 and b.preempted and b not in sched.prefilling
+    assert b.status is Status.WAITING and b.num_computed_tokens == 0 and not b.block_table  # 2 blocks free of 3
+    assert sched.blocks.cached_prefix(b) != []  # its first block stays cached for its readmission
+
+
+def test_a_request_short_of_blocks_waits_for_those_a_finishing_request_frees():
+    """Async scheduling: blocks of a request ending with the step in flight come free once it is read; a request
+    that needs them skips a step rather than preempting itself (and recomputing everything)."""
+    sched = _scheduler(num_blocks=2, block_size=4)
+    a, b = _add(sched, 3, 4)  # a block each; b's next token needs a second
+    assert _schedule(sched) == ([(0, 0, 3), (1, 0, 4)], True)
+    assert sched.decode_batch(finishing=frozenset({0})) == [] and sched.num_preemptions == 0  # b waits
+    sched.finish(a)
+    assert sched.decode_batch() == [b] and len(b.block_table) == 2
+
+
 def test_a_preempted_request_is_recomputed_from_its_prompt_and_output():
     sched = _scheduler(num_blocks=3, block_size=4)
     a, b, c = _add(sched, 4, 4, 4)
@@ -217,33 +241,52 @@ def test_any_sequence_of_steps_keeps_blocks_and_queues_consistent(
 def _check_step(sched: Scheduler) -> None:
     prefilling, running, waiting = _ids(sched.prefilling), _ids(sched.running), _ids(sched.waiting)
     computed = {req.request_id: req.num_computed_tokens for req in sched.prefilling}
+    victims = _record_preemptions(sched)
     batch, is_prefill = sched.schedule()
     assert bool(batch) == bool(prefilling or running or waiting)  # something always runs: any one request fits
     decoded, chunks = (batch, []) if not is_prefill else _split_mixed(batch)
-    # Every running request, but the newest ones preempted (queued first, in their order, unless readmitted).
-    kept = len(decoded)
-    assert _ids(decoded) == running[:kept] and all(req in sched.running for req in decoded)
+    # The newest admitted requests, decoding or prefilling, are preempted (newest first: they queue first in
+    # arrival order, unless readmitted); every other running request decodes.
+    admitted = sorted(prefilling + running)
+    assert sorted(victims) == admitted[len(admitted) - len(victims) :] and victims == sorted(victims, reverse=True)
+    assert _ids(decoded) == [i for i in running if i not in victims] and all(req in sched.running for req in decoded)
+    queue = victims[::-1] + waiting
     for req in decoded:  # blocks for every token the step writes, no more
         assert len(req.block_table) == cdiv(req.num_tokens, sched.blocks.block_size)
     if is_prefill:
         assert chunks and sum(c.num_tokens for c in chunks) <= sched.cfg.max_num_batched_tokens
         ids = [c.req.request_id for c in chunks]
-        assert ids == (prefilling + running[kept:] + waiting)[: len(ids)]  # chunked ones first, then the queue
+        assert ids == ([i for i in prefilling if i not in victims] + queue)[: len(ids)]  # chunked first, then queue
         for chunk in chunks:
             assert isinstance(chunk, PrefillChunk) and 0 <= chunk.start < chunk.end <= chunk.req.num_tokens
-            # Where it left off; a new one after its cached prefix (whole blocks).
-            expected = computed.get(chunk.req.request_id, chunk.start - chunk.start % sched.blocks.block_size)
-            assert chunk.start == expected
+            # Where it left off; a new or readmitted one after its cached prefix (whole blocks).
+            fresh = chunk.start - chunk.start % sched.blocks.block_size
+            assert chunk.start == (
+                fresh if chunk.req.request_id in victims else computed.get(chunk.req.request_id, fresh)
+            )
             assert (chunk.req in sched.running) == chunk.is_last
             assert len(chunk.req.block_table) == cdiv(chunk.req.num_tokens, sched.blocks.block_size)
-        assert _ids(sched.waiting) == [i for i in running[kept:] + waiting if i not in ids]
+        assert _ids(sched.waiting) == [i for i in queue if i not in ids]
     else:
-        assert _ids(sched.running) == running[:kept] and _ids(sched.waiting) == running[kept:] + waiting
+        assert _ids(sched.running) == _ids(decoded) and _ids(sched.waiting) == queue
     assert len(sched.running) + len(sched.prefilling) <= sched.cfg.max_num_seqs
     _step(batch, is_prefill)
     for req in sched.running:
         if req.num_tokens >= sched.cfg.max_model_len:
             sched.finish(req)
+
+
+def _record_preemptions(sched: Scheduler) -> list[int]:
+    """The ids the scheduler preempts from now on, in order."""
+    victims: list[int] = []
+    preempt = type(sched)._preempt
+
+    def recording(req: Request) -> None:
+        victims.append(req.request_id)
+        preempt(sched, req)
+
+    sched._preempt = recording
+    return victims
 
 
 def _split_mixed(batch: list[PrefillChunk]) -> tuple[list[Request], list[PrefillChunk]]:
