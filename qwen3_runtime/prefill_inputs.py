@@ -15,7 +15,7 @@ import torch
 from qwen3_runtime.kv_cache import cache_slot
 from qwen3_runtime.ops.prefill_attention import PrefillPlan, max_tiles, tile_table, tile_tokens
 from qwen3_runtime.scheduler import PrefillChunk
-from qwen3_runtime.step_inputs import copy_through_tables, packed_views
+from qwen3_runtime.step_inputs import copy_through_tables, packed_views, wait_for_host_copy
 
 TOKEN_PADDING = np.array([0, 0, -1, -1], dtype=np.int64)[:, None]  # input id, position, cache slot, prev_row
 PADDING_TILE = np.array([-1, 0], dtype=np.int32)
@@ -59,8 +59,7 @@ class PrefillStager:
     def stage(self, chunks: list[PrefillChunk], padded_tokens: int, prev_rows: list[int] | None = None) -> None:
         """The chunks' tokens back to back, padded to `padded_tokens` rows, and their plan. prev_rows[i] >= 0:
         chunk i is a decoding row whose input is the token the step in flight samples in that row."""
-        if self._host_copied is not None:  # the host mirror's last copy must have left
-            self._host_copied.synchronize()
+        wait_for_host_copy(self._host_copied)
         assert len(chunks) <= self.max_seqs
         host = self.host
         self._query_lens = [c.num_tokens for c in chunks]

@@ -55,6 +55,13 @@ def copy_through_tables(target: torch.Tensor, source: torch.Tensor, tables: torc
     target[:end].copy_(source[:end], non_blocking=True)
 
 
+def wait_for_host_copy(copied: torch.cuda.Event | None) -> None:
+    """Before a pinned host mirror is rewritten: its last copy to the device has left. That copy was queued right
+    behind the step already waited for, so this is almost always a query, never a counted host wait."""
+    if copied is not None and not copied.query():
+        copied.synchronize()
+
+
 class RequestRow(NamedTuple):
     """A request's constant columns, staged when it takes a row rather than every step."""
 
@@ -164,10 +171,7 @@ class InputStager:
     def stage(self, reqs: list[Request], padded_rows: int, prev_rows: list[int] | None = None) -> None:
         """Row i feeds reqs[i]'s last token (or, where prev_rows[i] >= 0, the token the step in flight
         samples for that row); rows up to `padded_rows` are padding."""
-        # The last copy of the host rows was queued right behind the step already waited for, so this
-        # wait is almost never taken.
-        if self._host_copied is not None:
-            self._host_copied.synchronize()
+        wait_for_host_copy(self._host_copied)
         positions = [req.num_tokens - 1 for req in reqs]
         changed = {i: self._request_row(req) for i, req in enumerate(reqs) if self._row_requests[i] != req.request_id}
         self.host.fill(

@@ -69,7 +69,7 @@ def _expand(
     inputs = []
     for i, prompt in enumerate(prompts):
         room = _context_room(len(prompt), fields["max_tokens"], limits, rename)
-        fields = {**fields, "max_tokens": fields["max_tokens"] or room}
+        prompt_fields = {**fields, "max_tokens": fields["max_tokens"] or room}  # each prompt's own room
         for j in range(req.n):
             seed = None if req.seed is None else (req.seed + j) % 2**63
             try:
@@ -81,7 +81,7 @@ def _expand(
                     seed=seed,
                     stop_token_ids=list(req.stop_token_ids or []),
                     ignore_eos=req.ignore_eos,
-                    **fields,
+                    **prompt_fields,
                 )
                 prompt_ids, params = check_request(prompt, params, limits)
             except ValueError as e:

@@ -33,8 +33,8 @@ def test_each_prompt_takes_n_choices_seeded_in_turn(tok):
 def test_max_tokens_defaults(tok):
     (completion,) = completion_inputs(CompletionRequest(prompt=[1, 2, 3]), tok, LIMITS)
     assert completion.params.max_tokens == 16  # OpenAI's default for completions
-    (unbounded,) = completion_inputs(CompletionRequest(prompt=[1, 2, 3], max_tokens=None), tok, LIMITS)
-    assert unbounded.params.max_tokens == 61  # what the context leaves
+    unbounded = completion_inputs(CompletionRequest(prompt=[[1, 2, 3], [4] * 50], max_tokens=None), tok, LIMITS)
+    assert [x.params.max_tokens for x in unbounded] == [61, 14]  # what the context leaves each prompt
     (chat,) = chat_inputs(ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}]), tok, LIMITS)
     assert chat.params.max_tokens == LIMITS.max_model_len - len(chat.prompt)
     both = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=9, max_completion_tokens=3)
