@@ -75,6 +75,10 @@ class ModelConfig:
     # Text in and out: builtin (Qwen3's tokenizer, shipped offline) or a directory with tokenizer.json;
     # None: the checkpoint's own (model.path), or builtin for random weights.
     tokenizer: str | None = None
+    # auto: the sampling fields the checkpoint's generation_config.json sets (temperature, top_k, top_p, min_p,
+    # repetition_penalty, max_new_tokens as max_tokens) are the defaults of requests that leave them unset, as in
+    # vLLM; neutral: SamplingParams' own defaults (OpenAI's: temperature 1, no filter).
+    generation_config: Literal["auto", "neutral"] = "auto"
 
     def __post_init__(self) -> None:
         if self.path is None and self.architecture is None:
@@ -161,7 +165,8 @@ class GenerateConfig:
     num_prompts: int = field(default=4, metadata=_size(1))
     prompt_len: int = field(default=16, metadata=_size(1))
     prompt_seed: int = field(default=0, metadata=_range(0, MAX_SEED))
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+    # None: the model's defaults (Runtime.default_sampling_params), as vLLM's LLM.generate without params.
+    sampling: SamplingParams | None = None
 
 
 @dataclass(frozen=True)

@@ -6,6 +6,7 @@ import contextlib
 import dataclasses
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -13,6 +14,7 @@ from safetensors import SafetensorError, safe_open
 from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig
 from qwen3_runtime.device import check_weights_fit
 from qwen3_runtime.model import Qwen3ForCausalLM
+from qwen3_runtime.params import SamplingParams
 from qwen3_runtime.typed_config import build
 
 # Hugging Face projection names -> (our fused parameter, index of the shard inside it).
@@ -22,6 +24,17 @@ _FUSED = {
     "self_attn.v_proj": ("self_attn.qkv_proj", 2),
     "mlp.gate_proj": ("mlp.gate_up_proj", 0),
     "mlp.up_proj": ("mlp.gate_up_proj", 1),
+}
+
+
+# generation_config.json's sampling fields (those vLLM reads as request defaults) -> SamplingParams' names.
+_SAMPLING_FIELDS = {
+    "temperature": "temperature",
+    "top_k": "top_k",
+    "top_p": "top_p",
+    "min_p": "min_p",
+    "repetition_penalty": "repetition_penalty",
+    "max_new_tokens": "max_tokens",
 }
 
 
@@ -101,6 +114,25 @@ def _generation_eos(directory: Path, vocab_size: int) -> list[int]:
     if not all(0 <= t < vocab_size for t in ids):
         raise ConfigError(f"{file}: eos_token_id={ids!r} is out of range: each id must be in [0, {vocab_size})")
     return ids
+
+
+def read_sampling_defaults(path: str | Path) -> dict[str, Any]:
+    """The sampling fields the checkpoint's generation_config.json sets, by SamplingParams' names ({} without the
+    file): the model creator's recommended values, which requests leaving those fields unset take (vLLM's
+    `--generation-config auto`). Its do_sample is ignored, as vLLM ignores it: temperature 0 is greedy."""
+    file = Path(path) / "generation_config.json"
+    if not file.is_file():
+        return {}
+    hf = _read_json(file)
+    defaults = {}
+    for theirs, ours in _SAMPLING_FIELDS.items():
+        if hf.get(theirs) is None:
+            continue
+        try:
+            defaults[ours] = getattr(SamplingParams(**{ours: hf[theirs]}), ours)
+        except ValueError as e:
+            raise ConfigError(f"{file}: {theirs}: {e}") from None
+    return defaults
 
 
 def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:

@@ -17,7 +17,7 @@ from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.config import Config, ConfigError, load_config
 from qwen3_runtime.device import allocations_sized_by_config, num_kv_blocks, resolve_device, resolve_dtype
 from qwen3_runtime.kv_cache import allocate_kv_cache
-from qwen3_runtime.loader import load_model
+from qwen3_runtime.loader import load_model, read_sampling_defaults
 from qwen3_runtime.memory_profile import worst_step_bytes
 from qwen3_runtime.packing import build_latest
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
@@ -62,6 +62,9 @@ class Runtime:
         self.limits = RequestLimits(
             arch.vocab_size, engine.max_model_len, config.logprobs.max_logprobs, tuple(sorted(self.eos_token_ids))
         )
+        # What requests leaving these SamplingParams fields unset take: generate() without params, the server's.
+        use_defaults = config.model.path is not None and config.model.generation_config == "auto"
+        self.sampling_defaults = read_sampling_defaults(config.model.path) if use_defaults else {}
         self._next_id = 0
         self.num_generated = 0  # tokens appended to outputs so far
         self._in_flight: StepInFlight | None = None
@@ -209,6 +212,10 @@ class Runtime:
         """Whether `produced` output tokens reach max_tokens, or with the prompt max_model_len."""
         return produced >= req.params.max_tokens or len(req.prompt) + produced >= self.config.engine.max_model_len
 
+    def default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's defaults (`sampling_defaults`): vLLM's get_default_sampling_params."""
+        return SamplingParams(**self.sampling_defaults)
+
     def generate(
         self,
         prompts: Prompt | Seq[Prompt],
@@ -217,11 +224,11 @@ class Runtime:
     ) -> list[RequestOutput]:
         """Run prompts (or one prompt: a text, token ids, chat messages) to completion. A rejected request comes
         back with `error` set and no tokens; the others are served as usual. Outputs are in the order of
-        `prompts`. Requests added before keep running beside them; those that end meanwhile come with the next
-        step()."""
+        `prompts`. `params`: one for all, one per prompt, or None for default_sampling_params(). Requests added
+        before keep running beside them; those that end meanwhile come with the next step()."""
         if _one_prompt(prompts):
             prompts = [prompts]
-        params = params or SamplingParams()
+        params = self.default_sampling_params() if params is None else params
         per_request = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
         if len(per_request) != len(prompts):
             raise ValueError(f"params has {len(per_request)} entries for {len(prompts)} prompts")

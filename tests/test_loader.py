@@ -6,7 +6,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig
-from qwen3_runtime.loader import CheckpointError, load_model, read_architecture
+from qwen3_runtime.loader import CheckpointError, load_model, read_architecture, read_sampling_defaults
 
 
 def _load(path):
@@ -112,6 +112,25 @@ def test_generation_config_eos_outside_the_vocabulary_is_an_error(tiny_checkpoin
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, vocab]}))
     with pytest.raises(ConfigError, match=rf"generation_config.json: eos_token_id=\[1, {vocab}\] is out of range"):
         read_architecture(path)
+
+
+def test_sampling_defaults_come_from_generation_config(tiny_checkpoint, tmp_path):
+    """Qwen3's generation_config.json recommends temperature 0.6, top_k 20, top_p 0.95; do_sample and the ids are
+    not sampling fields, and max_new_tokens is max_tokens."""
+    path = _copy(tiny_checkpoint, tmp_path)
+    qwen3 = {"do_sample": True, "eos_token_id": [1, 2], "temperature": 0.6, "top_k": 20, "top_p": 0.95}
+    (path / "generation_config.json").write_text(json.dumps({**qwen3, "max_new_tokens": 64, "min_p": None}))
+    assert read_sampling_defaults(path) == {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "max_tokens": 64}
+    (path / "generation_config.json").unlink()
+    assert read_sampling_defaults(path) == {}
+
+
+@pytest.mark.parametrize("field, value", [("top_p", 0), ("max_new_tokens", 0), ("temperature", "hot")])
+def test_bad_sampling_default_names_the_file_and_key(tiny_checkpoint, tmp_path, field, value):
+    path = _copy(tiny_checkpoint, tmp_path)
+    (path / "generation_config.json").write_text(json.dumps({field: value}))
+    with pytest.raises(ConfigError, match=rf"generation_config.json: {field}: "):
+        read_sampling_defaults(path)
 
 
 def test_untied_checkpoint_without_lm_head_is_an_error(make_checkpoint):

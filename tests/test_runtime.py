@@ -1,4 +1,6 @@
 import dataclasses
+import json
+import shutil
 import typing
 from dataclasses import replace
 
@@ -263,6 +265,20 @@ def test_generate_beside_requests_added_before(make_runtime, tiny_checkpoint):
     while rt.has_unfinished():
         later += rt.step()
     assert [o.request_id for o in later] == [early] and later[0].token_ids == rt.generate([[1, 2]], params)[0].token_ids
+
+
+def test_generate_without_params_takes_the_checkpoints_generation_config(make_runtime, tiny_checkpoint, tmp_path):
+    """As vLLM's LLM: no params means the model creator's defaults; model.generation_config=neutral ignores them."""
+    path = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, path)
+    (path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "top_k": 20, "max_new_tokens": 3}))
+    rt = make_runtime(path)
+    assert rt.default_sampling_params() == SamplingParams(temperature=0.0, top_k=20, max_tokens=3)
+    (out,) = rt.generate([1, 2])
+    greedy = SamplingParams(max_tokens=3, temperature=0)
+    assert out.token_ids == rt.generate([1, 2], greedy)[0].token_ids
+    neutral = make_runtime(path, model__generation_config="neutral")
+    assert neutral.default_sampling_params() == SamplingParams()
 
 
 def test_text_the_tokenizer_cannot_read_fails_its_request_alone(make_runtime):

@@ -16,7 +16,8 @@ from qwen3_runtime.tokenizer import Tokenizer
 
 async def create_chat_completion(req: ChatCompletionRequest, state: ServerState) -> JSONResponse | StreamingResponse:
     tok = state.tokenizer
-    gen = Generation(state.client, tok, chat_inputs(req, tok, state.limits), req.text_options())
+    inputs = chat_inputs(req, tok, state.limits, state.sampling_defaults)
+    gen = Generation(state.client, tok, inputs, req.text_options())
     gen.start()
     if req.stream:
         return _stream(req, tok, gen, response_header("chatcmpl", "chat.completion.chunk", state.model_name))

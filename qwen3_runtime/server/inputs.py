@@ -4,6 +4,7 @@ model's limits so a bad request is a 400 before anything reaches the engine."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.server.errors import APIError
@@ -34,15 +35,19 @@ def completion_prompts(req: CompletionRequest, tok: Tokenizer) -> list[list[int]
     return prompts
 
 
-def completion_inputs(req: CompletionRequest, tok: Tokenizer, limits: RequestLimits) -> list[EngineInput]:
+def completion_inputs(
+    req: CompletionRequest, tok: Tokenizer, limits: RequestLimits, defaults: dict[str, Any]
+) -> list[EngineInput]:
     prompt_logprobs = req.prompt_logprobs
     if req.echo and req.logprobs is not None:  # the prompt's logprobs come first in the response
         prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)
     fields = dict(max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs)
-    return _expand(req, completion_prompts(req, tok), fields, limits)
+    return _expand(req, completion_prompts(req, tok), fields, limits, defaults)
 
 
-def chat_inputs(req: ChatCompletionRequest, tok: Tokenizer, limits: RequestLimits) -> list[EngineInput]:
+def chat_inputs(
+    req: ChatCompletionRequest, tok: Tokenizer, limits: RequestLimits, defaults: dict[str, Any]
+) -> list[EngineInput]:
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
     messages = [m.as_template_input() for m in req.messages]
@@ -55,29 +60,33 @@ def chat_inputs(req: ChatCompletionRequest, tok: Tokenizer, limits: RequestLimit
     rename = {"logprobs": "top_logprobs", "prompt": "messages"}  # chat's names for what the runtime checks
     if req.max_completion_tokens:
         rename["max_tokens"] = "max_completion_tokens"
-    return _expand(req, [tok.encode(text)], dict(max_tokens=max_tokens, logprobs=logprobs), limits, rename)
+    fields = dict(max_tokens=max_tokens, logprobs=logprobs)
+    return _expand(req, [tok.encode(text)], fields, limits, defaults, rename)
 
 
 def _expand(
-    req: _Request, prompts: list[list[int]], fields: dict, limits: RequestLimits, rename: dict | None = None
+    req: _Request,
+    prompts: list[list[int]],
+    fields: dict,
+    limits: RequestLimits,
+    defaults: dict[str, Any],
+    rename: dict | None = None,
 ) -> list[EngineInput]:
-    """n engine requests per prompt, with seeds seed, seed + 1, ... (or each its own random one). fields'
-    max_tokens None: what the context leaves."""
+    """n engine requests per prompt, with seeds seed, seed + 1, ... (or each its own random one). max_tokens: the
+    least of the fields' (None: unset), what the context leaves and the model's default (vLLM's rule)."""
     rename = rename or {}
     _check_logprobs(fields.get("logprobs"), "sample", limits, rename.get("logprobs", "logprobs"))
     _check_logprobs(fields.get("prompt_logprobs"), "prompt", limits, "prompt_logprobs")
     inputs = []
     for i, prompt in enumerate(prompts):
         room = _context_room(len(prompt), fields["max_tokens"], limits, rename)
-        prompt_fields = {**fields, "max_tokens": fields["max_tokens"] or room}  # each prompt's own room
+        caps = (fields["max_tokens"], room, defaults.get("max_tokens"))
+        prompt_fields = {**fields, "max_tokens": min(cap for cap in caps if cap is not None)}  # each prompt's own
         for j in range(req.n):
             seed = None if req.seed is None else (req.seed + j) % 2**63
             try:
                 params = SamplingParams(
-                    temperature=req.temperature,
-                    top_p=req.top_p,
-                    top_k=req.top_k,
-                    **req.penalties(),
+                    **req.sampling_fields(defaults),
                     seed=seed,
                     stop_token_ids=list(req.stop_token_ids or []),
                     ignore_eos=req.ignore_eos,

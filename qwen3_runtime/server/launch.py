@@ -58,12 +58,20 @@ def serve(
         ready = client.start()
         graphs = f"CUDA graphs captured in {ready.capture_s:.1f} s" if ready.capture_s else "no CUDA graphs"
         print(f"INFO:     engine ready: {ready.num_kv_blocks} KV blocks, {graphs}", flush=True)
+        if ready.sampling_defaults:  # vLLM warns too: a request's defaults are not OpenAI's
+            shown = ", ".join(f"{k}={v}" for k, v in ready.sampling_defaults.items())
+            print(
+                f"INFO:     requests default to the checkpoint's generation_config.json: {shown} "
+                "(--set model.generation_config=neutral ignores it)",
+                flush=True,
+            )
         metrics.attach_engine(lambda: client.stats)
         state = ServerState(
             client,
             tokenizer,
             served_model_name or (Path(config).stem if config.endswith((".yaml", ".yml")) else config),
             ready.limits,
+            ready.sampling_defaults,
             metrics,
         )
         app = build_app(state, api_key, max_request_bytes)

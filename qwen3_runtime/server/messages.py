@@ -5,7 +5,7 @@ with the token rate of a single request; requests are named by the API process's
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from qwen3_runtime.params import RequestLimits, SamplingParams
 from qwen3_runtime.request import RequestUpdate
@@ -52,6 +52,7 @@ class Ready(NamedTuple):
     reports at startup."""
 
     limits: RequestLimits
+    sampling_defaults: dict[str, Any]  # Runtime.sampling_defaults: what requests leaving those fields unset take
     num_kv_blocks: int
     capture_s: float  # the CUDA graphs' capture (0 without them)
 

@@ -87,10 +87,11 @@ class _Request(BaseModel):
     unsupported: ClassVar[dict[str, tuple]] = UNSUPPORTED
 
     model: str | None = None
-    temperature: float = Field(1.0, ge=0)
-    top_p: float = Field(1.0, gt=0, le=1)
-    top_k: int = Field(-1, ge=-1)
-    # vLLM's sampling extensions and OpenAI's penalties; None: SamplingParams' default (off).
+    # None (unset): the model's default (its generation_config.json's) or else SamplingParams' (OpenAI's).
+    temperature: float | None = Field(None, ge=0)
+    top_p: float | None = Field(None, gt=0, le=1)
+    top_k: int | None = Field(None, ge=-1)
+    # vLLM's sampling extensions and OpenAI's penalties.
     min_p: float | None = Field(None, ge=0, le=1)
     presence_penalty: float | None = Field(None, ge=-2, le=2)
     frequency_penalty: float | None = Field(None, ge=-2, le=2)
@@ -99,10 +100,12 @@ class _Request(BaseModel):
     # OpenAI's: token id (a string, as JSON's keys are) -> a bias in [-100, 100], both checked with the params.
     logit_bias: dict[int, float] | None = None
 
-    def penalties(self) -> dict[str, Any]:
-        """The fields above that were given, for SamplingParams."""
-        names = ("min_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_tokens", "logit_bias")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+    def sampling_fields(self, defaults: dict[str, Any]) -> dict[str, Any]:
+        """The fields above for SamplingParams: those given, the model's `defaults` for the others."""
+        names = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
+        names += ("repetition_penalty", "min_tokens", "logit_bias")
+        given = {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+        return {**{k: v for k, v in defaults.items() if k in names}, **given}
 
     @field_validator("logit_bias", mode="before")
     @classmethod

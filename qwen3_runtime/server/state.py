@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from qwen3_runtime.params import RequestLimits
 from qwen3_runtime.server.engine_client import EngineClient
@@ -18,6 +19,7 @@ class ServerState:
     tokenizer: Tokenizer
     model_name: str
     limits: RequestLimits
+    sampling_defaults: dict[str, Any]  # the checkpoint's generation_config.json's, for fields a request leaves unset
     metrics: ServerMetrics
 
 

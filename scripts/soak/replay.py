@@ -18,6 +18,7 @@ import re
 from array import array
 from collections import Counter
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -44,8 +45,9 @@ class Mismatch:
     want: object
 
 
-def engine_inputs(result: Result, tok: Tokenizer) -> list[Item]:
-    """The engine requests the server made of this HTTP request (as server/inputs.py does)."""
+def engine_inputs(result: Result, tok: Tokenizer, defaults: dict[str, Any]) -> list[Item]:
+    """The engine requests the server made of this HTTP request (as server/inputs.py does), `defaults` the
+    Runtime's sampling_defaults."""
     b, spec = result.spec.body, result.spec
     if spec.route == "chat":
         prompt = tok.encode(tok.apply_chat_template(b["messages"], True))
@@ -57,10 +59,11 @@ def engine_inputs(result: Result, tok: Tokenizer) -> list[Item]:
         if b.get("echo") and logprobs is not None:
             prompt_logprobs = max(prompt_logprobs or 0, logprobs)
         fields = dict(max_tokens=b["max_tokens"], logprobs=logprobs, prompt_logprobs=prompt_logprobs)
-    sampling = dict(temperature=b.get("temperature", 1.0), top_p=b.get("top_p", 1.0), top_k=b.get("top_k", -1))
-    sampling.update(
-        presence_penalty=b.get("presence_penalty", 0.0), repetition_penalty=b.get("repetition_penalty", 1.0)
-    )
+    if defaults.get("max_tokens") is not None:
+        fields["max_tokens"] = min(fields["max_tokens"], defaults["max_tokens"])
+    names = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
+    names += ("repetition_penalty", "min_tokens")
+    sampling = {k: v for k, v in defaults.items() if k in names} | {k: b[k] for k in names if b.get(k) is not None}
     sampling["logit_bias"] = {int(token): bias for token, bias in b.get("logit_bias", {}).items()}
     items = []
     for j in range(b.get("n", 1)):
@@ -213,7 +216,9 @@ def replay(
     rt = Runtime.from_yaml(config, overrides)
     comparer = Comparer(rt.tokenizer, tol, tie_tol)
     done = [r for r in results if r.spec.reproducible and r.outcome == "ok"]
-    items = [it for r in done[: limit if limit >= 0 else None] for it in engine_inputs(r, rt.tokenizer)]
+    items = [
+        it for r in done[: limit if limit >= 0 else None] for it in engine_inputs(r, rt.tokenizer, rt.sampling_defaults)
+    ]
     for start in range(0, len(items), group):
         chunk = items[start : start + group]
         for item, out in zip(chunk, rt.generate([it.prompt for it in chunk], [it.params for it in chunk])):

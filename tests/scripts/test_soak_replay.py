@@ -36,7 +36,7 @@ def _served(tok: Tokenizer, ids: list[int], logprobs: int | None) -> Item:
         strings = tok.token_strings(ids)
         choice.logprobs = {"tokens": strings, "token_logprobs": [-1.0] * len(ids)}
         choice.logprobs["top_logprobs"] = [{s: -1.0} for s in strings]
-    [item] = engine_inputs(result, tok)
+    [item] = engine_inputs(result, tok, {})
     return item
 
 

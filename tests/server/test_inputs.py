@@ -19,30 +19,44 @@ def tok():
 
 def test_each_prompt_takes_n_choices_seeded_in_turn(tok):
     req = CompletionRequest(prompt=[[1, 2], [3]], n=2, seed=2**63 - 1, max_tokens=4)
-    inputs = completion_inputs(req, tok, LIMITS)
+    inputs = completion_inputs(req, tok, LIMITS, {})
     assert [(x.prompt_index, x.prompt, x.params.seed) for x in inputs] == [
         (0, [1, 2], 2**63 - 1),
         (0, [1, 2], 0),  # seed + 1, wrapped into the seeds' range
         (1, [3], 2**63 - 1),
         (1, [3], 0),
     ]
-    unseeded = completion_inputs(CompletionRequest(prompt="hi", n=2), tok, LIMITS)
+    unseeded = completion_inputs(CompletionRequest(prompt="hi", n=2), tok, LIMITS, {})
     assert all(x.params.seed is None for x in unseeded)  # each drawn by the runtime
 
 
 def test_max_tokens_defaults(tok):
-    (completion,) = completion_inputs(CompletionRequest(prompt=[1, 2, 3]), tok, LIMITS)
+    (completion,) = completion_inputs(CompletionRequest(prompt=[1, 2, 3]), tok, LIMITS, {})
     assert completion.params.max_tokens == 16  # OpenAI's default for completions
-    unbounded = completion_inputs(CompletionRequest(prompt=[[1, 2, 3], [4] * 50], max_tokens=None), tok, LIMITS)
+    unbounded = completion_inputs(CompletionRequest(prompt=[[1, 2, 3], [4] * 50], max_tokens=None), tok, LIMITS, {})
     assert [x.params.max_tokens for x in unbounded] == [61, 14]  # what the context leaves each prompt
-    (chat,) = chat_inputs(ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}]), tok, LIMITS)
+    (chat,) = chat_inputs(ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}]), tok, LIMITS, {})
     assert chat.params.max_tokens == LIMITS.max_model_len - len(chat.prompt)
     both = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=9, max_completion_tokens=3)
-    assert chat_inputs(both, tok, LIMITS)[0].params.max_tokens == 3
+    assert chat_inputs(both, tok, LIMITS, {})[0].params.max_tokens == 3
+
+
+def test_unset_sampling_fields_take_the_models_defaults(tok):
+    qwen3 = {"temperature": 0.6, "top_k": 20, "top_p": 0.95, "max_tokens": 8}  # as a generation_config.json's
+    fields = lambda x: (x.params.temperature, x.params.top_k, x.params.top_p, x.params.max_tokens)  # noqa: E731
+    (unset,) = completion_inputs(CompletionRequest(prompt=[1], max_tokens=None), tok, LIMITS, qwen3)
+    assert fields(unset) == (0.6, 20, 0.95, 8)
+    given = CompletionRequest(prompt=[1], temperature=0, top_k=-1, max_tokens=4)
+    assert fields(completion_inputs(given, tok, LIMITS, qwen3)[0]) == (0, -1, 0.95, 4)
+    # the model's max_tokens caps a larger one asked for, as vLLM's does
+    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=30)
+    assert chat_inputs(chat, tok, LIMITS, qwen3)[0].params.max_tokens == 8
+    (neutral,) = completion_inputs(CompletionRequest(prompt=[1]), tok, LIMITS, {})
+    assert fields(neutral) == (1.0, -1, 1.0, 16)
 
 
 def test_echo_with_logprobs_asks_the_prompts_logprobs(tok):
-    (x,) = completion_inputs(CompletionRequest(prompt=[1, 2], echo=True, logprobs=2), tok, LIMITS)
+    (x,) = completion_inputs(CompletionRequest(prompt=[1, 2], echo=True, logprobs=2), tok, LIMITS, {})
     assert (x.params.logprobs, x.params.prompt_logprobs) == (2, 2)
 
 
@@ -67,6 +81,6 @@ def test_a_request_past_a_limit_is_a_400_naming_the_parameter(tok, make, param, 
     req = make()
     build = chat_inputs if isinstance(req, ChatCompletionRequest) else completion_inputs
     with pytest.raises(APIError) as info:
-        build(req, tok, LIMITS)
+        build(req, tok, LIMITS, {})
     error = info.value
     assert error.status == 400 and error.param == param and message in error.message, error.message

@@ -257,3 +257,19 @@ def test_api_key_required(base_url):
         assert resp.status_code == 401 and resp.json()["error"]["type"] == "AuthenticationError"
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{base_url}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_unset_fields_take_the_checkpoints_generation_config(launch_server, tiny_checkpoint, tmp_path):
+    """As vLLM's `--generation-config auto`: a checkpoint recommending greedy decoding and 3 tokens makes requests
+    that set neither greedy (two unseeded choices agree) and capped at 3 tokens."""
+    import shutil
+
+    path = tmp_path / "ckpt"
+    shutil.copytree(tiny_checkpoint, path)
+    (path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "max_new_tokens": 3}))
+    _, url = launch_server("--set", f"model.path={path}", "--set", "model.tokenizer=builtin")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+    unset = client.completions.create(model="tiny", prompt=[1, 2, 3], n=2, max_tokens=50)
+    greedy = client.completions.create(model="tiny", prompt=[1, 2, 3], temperature=0, max_tokens=3)
+    assert [c.text for c in unset.choices] == [greedy.choices[0].text] * 2
+    assert (unset.usage.completion_tokens, greedy.usage.completion_tokens) == (6, 3)
