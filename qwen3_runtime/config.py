@@ -25,6 +25,27 @@ def _size(lo: int) -> dict:
 
 
 @dataclass(frozen=True)
+class RopeScaling:
+    """YaRN, how Qwen3 serves contexts past the 32,768 tokens it was trained on; named as in config.json's
+    rope_scaling (transformers 5: rope_parameters)."""
+
+    rope_type: Literal["yarn"]
+    factor: float = field(metadata=_range(1))
+    original_max_position_embeddings: int = field(metadata=_size(1))
+    # Frequencies turning more than beta_fast times over the original context are kept, fewer than beta_slow
+    # times divided by the factor, those between ramped; truncate rounds those bounds to whole dimensions.
+    beta_fast: float = field(default=32.0, metadata=_range(0, lo_open=True))
+    beta_slow: float = field(default=1.0, metadata=_range(0, lo_open=True))
+    truncate: bool = True
+    # cos and sin are multiplied by it; None: 0.1 ln(factor) + 1, the YaRN paper's.
+    attention_factor: float | None = field(default=None, metadata=_range(0, lo_open=True))
+
+    def __post_init__(self) -> None:
+        if self.beta_fast < self.beta_slow:
+            raise ConfigError(f"beta_fast={self.beta_fast} must be >= beta_slow={self.beta_slow}")
+
+
+@dataclass(frozen=True)
 class ArchitectureConfig:
     """Qwen3 shape, named as in Hugging Face's config.json; used when no checkpoint is given."""
 
@@ -38,6 +59,7 @@ class ArchitectureConfig:
     rms_norm_eps: float = field(default=1e-6, metadata=_range(0, lo_open=True))
     rope_theta: float = field(default=1e6, metadata=_range(0, lo_open=True))
     max_position_embeddings: int = field(default=40960, metadata=_size(1))
+    rope_scaling: RopeScaling | None = None
     tie_word_embeddings: bool = False
     eos_token_id: int | list[int] | None = None
 
@@ -54,6 +76,14 @@ class ArchitectureConfig:
                 f"eos_token_id={self.eos_token_id!r} is out of range: each id must be in [0, {self.vocab_size}) "
                 "(vocab_size)"
             )
+
+    @property
+    def max_context(self) -> int:
+        """The most positions the model serves: max_position_embeddings, or with YaRN its original context times
+        its factor (vLLM's rule: Qwen3's 32,768 × 4 = 131,072 while config.json keeps 40,960)."""
+        if self.rope_scaling is None:
+            return self.max_position_embeddings
+        return int(self.rope_scaling.original_max_position_embeddings * self.rope_scaling.factor)
 
     @property
     def eos_token_ids(self) -> tuple[int, ...]:

@@ -54,10 +54,13 @@ def read_architecture(path: str | Path) -> ArchitectureConfig:
     hf = _read_json(config_file)
     _check_supported(hf, config_file)
     names = ArchitectureConfig.__dataclass_fields__
-    raw = {k: v for k, v in hf.items() if k in names}
+    raw = {k: v for k, v in hf.items() if k in names and k != "rope_scaling"}
     rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
     if "rope_theta" in rope:  # transformers 5 nests it
         raw["rope_theta"] = rope["rope_theta"]
+    if _rope_type(rope) not in (None, "default"):  # null fields take their defaults, as in transformers
+        scaling = {k: v for k, v in rope.items() if k not in ("type", "rope_theta") and v is not None}
+        raw["rope_scaling"] = {**scaling, "rope_type": _rope_type(rope)}
     if raw.get("head_dim") is None:
         raw.pop("head_dim", None)
         with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):  # else _build names the bad key
@@ -83,20 +86,24 @@ def _read_json(file: Path, error: type[ValueError] = ConfigError) -> dict:
 
 def _check_supported(hf: dict, config_file: Path) -> None:
     """Reject what the model would otherwise silently compute differently from transformers."""
-    rope = hf.get("rope_parameters") or hf.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else rope
+    rope_type = _rope_type(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
     supported = {  # key: (its value, the values this runtime implements)
         "model_type": (hf.get("model_type"), (None, "qwen3")),
         "hidden_act": (hf.get("hidden_act"), (None, "silu")),
         "attention_bias": (hf.get("attention_bias"), (None, False)),
         "use_sliding_window": (hf.get("use_sliding_window"), (None, False)),
-        "rope_parameters.rope_type": (rope_type, (None, "default")),
+        "rope_parameters.rope_type": (rope_type, (None, "default", "yarn")),
     }
     for key, (value, allowed) in supported.items():
         if value not in allowed:
             raise ConfigError(
                 f"{config_file}: {key}={value!r} is not supported (supported: {', '.join(map(repr, allowed[1:]))})"
             )
+
+
+def _rope_type(rope: object) -> object:
+    """rope_scaling's (or rope_parameters') type, named rope_type or, in older configs, type."""
+    return rope.get("rope_type", rope.get("type")) if isinstance(rope, dict) else rope
 
 
 def _eos_ids(value: int | list[int] | None) -> list[int]:

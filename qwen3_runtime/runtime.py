@@ -43,10 +43,11 @@ class Runtime:
         self.dtype = resolve_dtype(config.model.dtype, self.device)
         self.model = load_model(config.model, self.device, self.dtype)
         arch = self.model.config
-        if engine.max_model_len > arch.max_position_embeddings:
+        if engine.max_model_len > arch.max_context:
+            limit = "max_position_embeddings" if arch.rope_scaling is None else "rope_scaling's context"
             raise ConfigError(
                 f"engine.max_model_len={engine.max_model_len} is out of range: must be <= "
-                f"max_position_embeddings={arch.max_position_embeddings} of the model"
+                f"{limit}={arch.max_context} of the model"
             )
         self.model.build_rope_table(engine.max_model_len)
         with allocations_sized_by_config(self.device):

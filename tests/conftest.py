@@ -23,6 +23,7 @@ def _write_checkpoint(
     seed: int = 0,
     max_shard_size: str | None = None,
     dtype: torch.dtype = torch.float32,
+    rope_parameters: dict | None = None,
 ) -> Path:
     """A random Qwen3 checkpoint written by transformers itself, the parity reference.
 
@@ -44,6 +45,7 @@ def _write_checkpoint(
         bos_token_id=None,
         pad_token_id=None,
         initializer_range=0.05,
+        **({"rope_parameters": rope_parameters} if rope_parameters else {}),
     )
     model = transformers.Qwen3ForCausalLM(config).to(dtype)
     with torch.no_grad():  # norms other than the identity, as in trained checkpoints

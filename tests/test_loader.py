@@ -5,7 +5,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig
+from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig, RopeScaling
 from qwen3_runtime.loader import CheckpointError, load_model, read_architecture, read_sampling_defaults
 
 
@@ -140,13 +140,32 @@ def test_untied_checkpoint_without_lm_head_is_an_error(make_checkpoint):
         _load(path)
 
 
+def test_yarn_as_qwen3s_model_card_writes_it(tiny_checkpoint, tmp_path):
+    """transformers 4's layout, as Qwen3's model card has users add it to config.json: rope_scaling by rope_theta."""
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    path = _copy(tiny_checkpoint, tmp_path, rope_parameters=None, rope_scaling=yarn, rope_theta=1e6)
+    arch = read_architecture(path)
+    assert (arch.rope_scaling, arch.rope_theta, arch.max_context) == (RopeScaling(**yarn), 1e6, 131072)
+    path = _copy(tiny_checkpoint, tmp_path / "null", rope_parameters=None, rope_scaling=None)
+    assert read_architecture(path).rope_scaling is None
+
+
 @pytest.mark.parametrize(
     "edits, words",
     [
         ({"hidden_act": "gelu"}, ["hidden_act='gelu'", "silu"]),
         ({"attention_bias": True}, ["attention_bias=True"]),
         ({"model_type": "llama"}, ["model_type='llama'", "qwen3"]),
-        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, ["rope_type='yarn'"]),
+        ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, ["missing config key rope_scaling.factor"]),
+        ({"rope_parameters": {"type": "dynamic", "factor": 2.0}}, ["rope_type='dynamic'", "'yarn'"]),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 8, "mscale": 1}},
+            ["unknown config key rope_scaling.mscale"],
+        ),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "factor": 0.5, "original_max_position_embeddings": 8}},
+            ["rope_scaling.factor=0.5"],
+        ),
         ({"hidden_size": None}, ["missing config key hidden_size"]),
         ({"num_hidden_layers": "2"}, ["num_hidden_layers='2'", "expected an integer"]),
         ({"eos_token_id": "x"}, ["eos_token_id='x'"]),

@@ -10,10 +10,15 @@ from qwen3_runtime.loader import load_model
 from qwen3_runtime.model import AttentionMetadata
 from qwen3_runtime.ops.prefill_attention import PrefillPlan
 
+# YaRN over an original context of 16 positions at theta 10,000: the prompt runs past it, and the ramp between kept
+# and interpolated frequencies spans several of the head's 12 dimension pairs.
+YARN = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "rope_theta": 1e4}
 SHAPES = [
     dict(tie_word_embeddings=True, num_key_value_heads=2),
     dict(tie_word_embeddings=False, num_key_value_heads=1),
     dict(tie_word_embeddings=False, num_key_value_heads=2, num_hidden_layers=3, head_dim=32),
+    dict(tie_word_embeddings=True, num_key_value_heads=2, rope_parameters=YARN),
+    dict(tie_word_embeddings=True, num_key_value_heads=2, rope_parameters={**YARN, "beta_fast": 8, "truncate": False}),
 ]
 BLOCK = 8
 
@@ -40,7 +45,7 @@ def _prefill_meta(model, slots, query_lens, seq_lens, tables):
     return AttentionMetadata(slot_mapping=slots, prefill=plan)
 
 
-@pytest.mark.parametrize("shape", SHAPES, ids=["tied-kv2", "untied-kv1", "untied-3layers-hd32"])
+@pytest.mark.parametrize("shape", SHAPES, ids=["tied-kv2", "untied-kv1", "untied-3layers-hd32", "yarn", "yarn-beta"])
 def test_prefill_and_decode_logits_match_transformers(make_checkpoint, shape):
     ours, theirs = _load_both(make_checkpoint(**shape))
     assert ours.lm_head_is_tied == shape["tie_word_embeddings"]
