@@ -165,7 +165,7 @@ def test_text_and_chat_prompts_print_text(capsys):
     lines = out.splitlines()
     assert lines[1].startswith("[0] prompt 7 tokens -> 8 tokens")  # "What is 2+2?" is 7 Qwen3 tokens
     assert lines[2].startswith("    text: '") and lines[4].startswith("    text: '")
-    # The chat message in ChatML: <|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n
+    # The chat message through Qwen3's template: <|im_start|>user\nHello<|im_end|>\n<|im_start|>assistant\n
     assert lines[3].startswith("[1] prompt 9 tokens")
 
 

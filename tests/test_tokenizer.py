@@ -175,9 +175,51 @@ def test_builtin_chat_template(tok: Tokenizer) -> None:
     assert ids == KNOWN_IDS["<|im_start|>user\nWhat is 2+2?<|im_end|>"] + [198]
 
 
+def test_builtin_chat_template_is_qwen3s(tok: Tokenizer) -> None:
+    """As Qwen3's own template renders them: an earlier turn's reasoning dropped, tool calls and results."""
+    think = [
+        {"role": "user", "content": "2+2?"},
+        {"role": "assistant", "content": "<think>\nadd\n</think>\n\n4"},
+        {"role": "user", "content": "3+3?"},
+    ]
+    assert tok.apply_chat_template(think) == (
+        "<|im_start|>user\n2+2?<|im_end|>\n<|im_start|>assistant\n4<|im_end|>\n"
+        "<|im_start|>user\n3+3?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    call = {"name": "weather", "arguments": {"city": "Paris"}}
+    tools = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": "", "reasoning_content": "ask", "tool_calls": [{"function": call}]},
+        {"role": "tool", "content": "20C"},
+    ]
+    assert tok.apply_chat_template(tools) == (
+        "<|im_start|>user\nWeather?<|im_end|>\n<|im_start|>assistant\n<think>\nask\n</think>\n\n<tool_call>\n"
+        '{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n20C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+    )
+
+
 def test_chat_template_raise_exception(tok: Tokenizer) -> None:
     with pytest.raises(ChatTemplateError, match="role"):
         tok.apply_chat_template([{"content": "no role"}])
+
+
+def test_tool_call_arguments_reach_the_template_parsed(tok: Tokenizer) -> None:
+    """vLLM's: OpenAI's JSON-string arguments reach the template as the object (Qwen3's renders it with tojson)."""
+    template = Tokenizer(
+        tok.hf_tokenizer,
+        chat_template="{{ messages[0].tool_calls[0].function.arguments | tojson }}",
+        special_tokens_map={},
+    )
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '{"city":"Paris"}'}}
+    message = {"role": "assistant", "content": "", "tool_calls": [call]}
+    assert template.apply_chat_template([message], add_generation_prompt=False) == '{"city": "Paris"}'
+    assert call["function"]["arguments"] == '{"city":"Paris"}'  # the caller's message is left as it was
+    call["function"]["arguments"] = ""
+    assert template.apply_chat_template([message], add_generation_prompt=False) == "{}"
+    call["function"]["arguments"] = "{not json"
+    with pytest.raises(ChatTemplateError, match=r"prompt\[0\]\.tool_calls\[0\]\.function\.arguments"):
+        template.apply_chat_template([message])
 
 
 # --- incremental detokenization -------------------------------------------------------------------------------------
@@ -326,3 +368,14 @@ def test_from_checkpoint_bad_tokenizer_json(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a valid tokenizers file") as err:
         Tokenizer.from_checkpoint(tmp_path)
     assert str(tmp_path / "tokenizer.json") in str(err.value)
+
+
+def test_chat_template_type_errors_are_chat_template_errors(tok: Tokenizer) -> None:
+    """Qwen3's template adds a system message's content to a string: a number there is a ValueError, not a crash."""
+    template = Tokenizer(tok.hf_tokenizer, chat_template="{{ messages[0].content + '\\n\\n' }}", special_tokens_map={})
+    with pytest.raises(ChatTemplateError, match="TypeError"):
+        template.apply_chat_template([{"role": "system", "content": 5}])
+    with pytest.raises(ChatTemplateError, match="TypeError"):
+        Tokenizer(tok.hf_tokenizer, chat_template="{{ messages | tojson }}", special_tokens_map={}).apply_chat_template(
+            [{"role": "user", "content": {1, 2}}]
+        )

@@ -1,4 +1,4 @@
-"""Chat templates: Jinja2 rendering as transformers does it, and the built-in ChatML template.
+"""Chat templates: Jinja2 rendering as transformers does it, and Qwen3's template for the built-in tokenizer.
 
 Checkpoints carry their chat template as Jinja2 source written for transformers' renderer, so
 we render it the same way: a sandboxed environment (templates are untrusted input), trim_blocks and
@@ -8,6 +8,7 @@ lstrip_blocks, the loopcontrols extension, and the helpers templates call (`rais
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 from datetime import datetime
 from functools import lru_cache
@@ -17,28 +18,10 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-# ChatML as Qwen3 uses it. `enable_thinking=False` pre-fills an empty think block, as Qwen3's own
-# template does, so a hybrid-thinking model answers directly. Unlike Qwen3's template it keeps
-# assistant messages verbatim (no stripping of earlier turns' reasoning) and renders no tools.
-QWEN3_CHATML_TEMPLATE = (
-    "{%- for message in messages %}\n"
-    "    {%- if message['role'] is not defined or message['role'] is not string %}\n"
-    "        {{- raise_exception('every message needs a string role') }}\n"
-    "    {%- endif %}\n"
-    "    {%- if message['content'] is string %}\n"
-    "        {%- set content = message['content'] %}\n"
-    "    {%- else %}\n"
-    "        {%- set content = '' %}\n"
-    "    {%- endif %}\n"
-    "    {{- '<|im_start|>' + message['role'] + '\\n' + content + '<|im_end|>\\n' }}\n"
-    "{%- endfor %}\n"
-    "{%- if add_generation_prompt %}\n"
-    "    {{- '<|im_start|>assistant\\n' }}\n"
-    "    {%- if enable_thinking is defined and enable_thinking is false %}\n"
-    "        {{- '<think>\\n\\n</think>\\n\\n' }}\n"
-    "    {%- endif %}\n"
-    "{%- endif %}\n"
-)
+# Qwen3's own chat template, verbatim (the `chat_template` of Qwen3's tokenizer_config.json), so the built-in
+# tokenizer renders a conversation as a Qwen3 checkpoint does: earlier turns' reasoning stripped, tools, tool calls
+# and tool results, and `enable_thinking=False`'s empty think block.
+QWEN3_CHAT_TEMPLATE = (importlib.resources.files(__package__) / "qwen3_chat_template.jinja").read_text(encoding="utf-8")
 
 
 class ChatTemplateError(ValueError):
@@ -77,6 +60,10 @@ def compile_template(source: str) -> jinja2.Template:
 
 def render(source: str, messages: list[dict[str, Any]], add_generation_prompt: bool, **context: Any) -> str:
     """Render `source` with the variables transformers passes (messages, tools, documents, ...)."""
+    for i, message in enumerate(messages):
+        # Qwen3's template skips a message it cannot place; one without a role is a malformed input, not that.
+        if not (isinstance(message, dict) and isinstance(message.get("role"), str)):
+            raise ChatTemplateError(f"prompt[{i}]: every message needs a string role")
     context.setdefault("tools", None)
     context.setdefault("documents", None)
     try:
@@ -85,14 +72,17 @@ def render(source: str, messages: list[dict[str, Any]], add_generation_prompt: b
         )
     except ChatTemplateError:
         raise
-    except jinja2.TemplateError as e:
-        raise ChatTemplateError(f"chat template failed to render: {e}") from e
+    # A message of the wrong shape fails inside the template's own expressions (Qwen3's `content + '\n\n'` on a
+    # number is a TypeError): a ValueError naming it, so Runtime.generate reports that prompt and serves the rest.
+    except (jinja2.TemplateError, TypeError, ValueError, LookupError, AttributeError) as e:
+        raise ChatTemplateError(f"chat template failed to render: {type(e).__name__}: {e}") from e
 
 
 def joined_text_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Messages whose content is a list of OpenAI content parts get their text parts joined with newlines, as vLLM
     renders them: Qwen3's template reads string content only (a list renders as nothing). A part that is not text
-    is a ChatTemplateError naming it: this model reads nothing else."""
+    is a ChatTemplateError naming it: this model reads nothing else. Assistant tool calls get their arguments
+    parsed (_parsed_arguments)."""
     joined = []
     for i, message in enumerate(messages):
         parts = message.get("content") if isinstance(message, dict) else None
@@ -104,5 +94,23 @@ def joined_text_parts(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
                         "({'type': 'text', 'text': ...}) are"
                     )
             message = {**message, "content": "\n".join(part["text"] for part in parts)}
+        calls = message.get("tool_calls") if isinstance(message, dict) else None
+        if isinstance(calls, list) and message.get("role") == "assistant":
+            calls = [_parsed_arguments(call, f"prompt[{i}].tool_calls[{j}]") for j, call in enumerate(calls)]
+            message = {**message, "tool_calls": calls}
         joined.append(message)
     return joined
+
+
+def _parsed_arguments(call: Any, where: str) -> Any:
+    """A tool call whose arguments (a JSON string in OpenAI's format) are the object they encode, as vLLM hands
+    them to the template: Qwen3's renders them with tojson, so a compact string must not reach it verbatim."""
+    function = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(function, dict) or isinstance(function.get("arguments"), (dict, list)):
+        return call
+    arguments = function.get("arguments")
+    try:
+        parsed = json.loads(arguments) if arguments else {}  # none or "" is no arguments, as vLLM takes it
+    except (TypeError, json.JSONDecodeError) as e:
+        raise ChatTemplateError(f"{where}.function.arguments={arguments!r:.60} is not valid JSON: {e}") from None
+    return {**call, "function": {**function, "arguments": parsed}}

@@ -11,7 +11,7 @@ import tokenizers
 
 from qwen3_runtime.config import ConfigError, ModelConfig
 from qwen3_runtime.tokenizer.builtin import _unicode_to_bytes, load_builtin_qwen3_hf_tokenizer
-from qwen3_runtime.tokenizer.chat_template import QWEN3_CHATML_TEMPLATE, ChatTemplateError, compile_template, render
+from qwen3_runtime.tokenizer.chat_template import QWEN3_CHAT_TEMPLATE, ChatTemplateError, compile_template, render
 from qwen3_runtime.tokenizer.checkpoint import read_checkpoint_tokenizer
 
 
@@ -39,10 +39,10 @@ class Tokenizer:
 
     @classmethod
     def builtin_qwen3(cls) -> Tokenizer:
-        """Qwen3's tokenizer without a checkpoint (random-weight configs), with a ChatML template."""
+        """Qwen3's tokenizer without a checkpoint (random-weight configs), with Qwen3's chat template."""
         return cls(
             load_builtin_qwen3_hf_tokenizer(),
-            chat_template=QWEN3_CHATML_TEMPLATE,
+            chat_template=QWEN3_CHAT_TEMPLATE,
             special_tokens_map={"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"},
         )
 

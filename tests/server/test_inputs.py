@@ -84,3 +84,16 @@ def test_a_request_past_a_limit_is_a_400_naming_the_parameter(tok, make, param, 
         build(req, tok, LIMITS, {})
     error = info.value
     assert error.status == 400 and error.param == param and message in error.message, error.message
+
+
+def test_chat_template_kwargs_naming_apply_chat_template_arguments(tok):
+    """add_generation_prompt is honoured from chat_template_kwargs as vLLM does; continue_final_message and the
+    like would reach no template: a 400 naming them, not a prompt other than the one asked for."""
+    messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "The answer is"}]
+    kwargs = {"add_generation_prompt": False}
+    (inp,) = chat_inputs(ChatCompletionRequest(messages=messages, chat_template_kwargs=kwargs), tok, LIMITS, {})
+    assert inp.prompt == tok.encode(tok.apply_chat_template(messages, add_generation_prompt=False))
+    for kwargs in ({"continue_final_message": True}, {"tokenize": True}, {"messages": []}):
+        with pytest.raises(APIError) as info:
+            chat_inputs(ChatCompletionRequest(messages=messages, chat_template_kwargs=kwargs), tok, LIMITS, {})
+        assert info.value.param == "chat_template_kwargs" and next(iter(kwargs)) in info.value.message
