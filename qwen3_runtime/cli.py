@@ -4,7 +4,6 @@ timing. `qwen3-runtime serve`: the OpenAI-compatible HTTP server over the config
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import statistics
 import sys
 import time
@@ -19,6 +18,7 @@ from qwen3_runtime.request import RequestOutput
 from qwen3_runtime.runtime import Runtime
 from qwen3_runtime.tokenizer import Tokenizer
 from qwen3_runtime.tokenizer.chat_template import ChatTemplateError
+from qwen3_runtime.version import package_version
 
 # What a user's mistake raises (a config key, a checkpoint file or tensor, a chat message the template refuses):
 # printed as `error: ...`, exit 2. Anything else is a bug and keeps its traceback.
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="qwen3-runtime", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {package_version()}")
     sub = parser.add_subparsers(dest="command", required=True)
     gen = sub.add_parser("generate", help="generate text or tokens for prompts")
     gen.add_argument(
@@ -140,13 +140,6 @@ def _serve(args: argparse.Namespace) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-def _version() -> str:
-    try:
-        return importlib.metadata.version("qwen3_runtime")
-    except importlib.metadata.PackageNotFoundError:  # run from a source tree that was never installed
-        return "(version unknown: not installed)"
 
 
 def _tagged(kind: str):

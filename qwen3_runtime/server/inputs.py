@@ -8,7 +8,7 @@ from typing import Any
 
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.server.errors import APIError
-from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, _Request
+from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
 from qwen3_runtime.tokenizer import Tokenizer
 
 
@@ -50,25 +50,19 @@ def chat_inputs(
 ) -> list[EngineInput]:
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
-    messages = [m.as_template_input() for m in req.messages]
-    add_generation_prompt, kwargs = _template_kwargs(req)
-    try:
-        text = tok.apply_chat_template(messages, add_generation_prompt, **kwargs)
-    except Exception as e:  # the template's own errors (raise_exception, a bad message shape)
-        raise APIError(f"messages: the chat template failed: {e}", "messages") from None
     max_tokens = req.max_completion_tokens or req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
     rename = {"logprobs": "top_logprobs", "prompt": "messages"}  # chat's names for what the runtime checks
     if req.max_completion_tokens:
         rename["max_tokens"] = "max_completion_tokens"
     fields = dict(max_tokens=max_tokens, logprobs=logprobs)
-    return _expand(req, [tok.encode(text)], fields, limits, defaults, rename)
+    return _expand(req, [chat_prompt(req, tok)], fields, limits, defaults, rename)
 
 
-def _template_kwargs(req: ChatCompletionRequest) -> tuple[bool, dict[str, Any]]:
-    """add_generation_prompt and the template's variables. vLLM lets chat_template_kwargs set apply_chat_template's
-    own arguments: add_generation_prompt is honoured; the others would be variables no template reads (a silently
-    different prompt), so they are a 400."""
+def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tok: Tokenizer) -> list[int]:
+    """The messages through the chat template, as token ids. vLLM lets chat_template_kwargs set
+    apply_chat_template's own arguments: add_generation_prompt is honoured; the others would be variables no
+    template reads (a silently different prompt), so they are a 400."""
     kwargs = dict(req.chat_template_kwargs or {})
     add_generation_prompt = kwargs.pop("add_generation_prompt", req.add_generation_prompt)
     if not isinstance(add_generation_prompt, bool):
@@ -76,7 +70,11 @@ def _template_kwargs(req: ChatCompletionRequest) -> tuple[bool, dict[str, Any]]:
     for name in ("messages", "continue_final_message", "chat_template", "tokenize"):
         if kwargs.pop(name, False) is not False:
             raise APIError(f"chat_template_kwargs.{name} is not supported by this server", "chat_template_kwargs")
-    return add_generation_prompt, kwargs
+    messages = [m.as_template_input() for m in req.messages]
+    try:
+        return tok.encode(tok.apply_chat_template(messages, add_generation_prompt, **kwargs))
+    except Exception as e:  # the template's own errors (raise_exception, a bad message shape)
+        raise APIError(f"messages: the chat template failed: {e}", "messages") from None
 
 
 def _expand(

@@ -19,8 +19,10 @@ from qwen3_runtime.server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from qwen3_runtime.server.chat import create_chat_completion
 from qwen3_runtime.server.completions import create_completion
 from qwen3_runtime.server.errors import APIError, engine_unavailable, validation_error
-from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
+from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from qwen3_runtime.server.state import ServerState
+from qwen3_runtime.server.tokenization import detokenize, tokenize
+from qwen3_runtime.version import package_version
 
 OPEN_PATHS = frozenset({"/health"})  # answered without the API key (load balancers probe it)
 DISCONNECT_POLL_S = 0.2
@@ -73,6 +75,20 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
         """OpenAI's model retrieval (the openai client's models.retrieve)."""
         _check_model(state, model)
         return card
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": package_version()}
+
+    @app.post("/tokenize")
+    async def tokenize_route(req: TokenizeRequest) -> dict:
+        _check_model(state, req.model)
+        return tokenize(req, state)
+
+    @app.post("/detokenize")
+    async def detokenize_route(req: DetokenizeRequest) -> dict:
+        _check_model(state, req.model)
+        return detokenize(req, state)
 
     @app.post("/v1/completions")
     async def completions(req: CompletionRequest, request: Request) -> Response:

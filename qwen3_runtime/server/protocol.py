@@ -212,6 +212,42 @@ class ChatCompletionRequest(_Request):
         return self
 
 
+class TokenizeRequest(BaseModel):
+    """vLLM's /tokenize: a text, or chat messages through the chat template (exactly one of them)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Qwen3's tokenizer adds no special tokens to a text (no BOS), so either value gives the same ids.
+    add_special_tokens: bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise refused("prompt", "give either prompt or messages")
+        for i, m in enumerate(self.messages or ()):
+            m.check_content(i)
+        return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _token_strings_refused(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("return_token_strs"):
+            raise refused("return_token_strs", "return_token_strs is not supported by this server")
+        return data
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    tokens: list[int]
+
+
 _Request.model_rebuild()
 CompletionRequest.model_rebuild()
 ChatCompletionRequest.model_rebuild()

@@ -273,3 +273,17 @@ def test_unset_fields_take_the_checkpoints_generation_config(launch_server, tiny
     greedy = client.completions.create(model="tiny", prompt=[1, 2, 3], temperature=0, max_tokens=3)
     assert [c.text for c in unset.choices] == [greedy.choices[0].text] * 2
     assert (unset.usage.completion_tokens, greedy.usage.completion_tokens) == (6, 3)
+
+
+def test_tokenize_detokenize_and_version_routes(http, client):
+    """vLLM's utility routes over the socket: /tokenize counts what a chat request's usage counts."""
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    counted = http.post("/tokenize", json={"model": "tiny", "messages": messages}).json()
+    chat = client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    assert counted["count"] == len(counted["tokens"]) == chat.usage.prompt_tokens
+    text = http.post("/detokenize", json={"tokens": counted["tokens"]}).json()["prompt"]
+    assert text.startswith("<|im_start|>user\nWhat is 2+2?<|im_end|>")
+    bad = http.post("/detokenize", json={"tokens": [-1]})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+    assert http.post("/tokenize", json={"model": "other", "prompt": "x"}).status_code == 404
+    assert http.get("/version").json()["version"]
