@@ -27,7 +27,15 @@ async def create_chat_completion(req: ChatCompletionRequest, state: ServerState)
         text, ids, lps, _ = c.delta()
         logprobs = chat_logprobs(tok, ids, lps) if req.logprobs else None
         message = {"role": "assistant", "content": text}
-        body.append({"index": c.index, "message": message, "logprobs": logprobs, "finish_reason": c.finish_reason})
+        body.append(
+            {
+                "index": c.index,
+                "message": message,
+                "logprobs": logprobs,
+                "finish_reason": c.finish_reason,
+                "stop_reason": c.stop_reason,
+            }
+        )
     header = response_header("chatcmpl", "chat.completion", state.model_name)
     return JSONResponse({**header, "choices": body, "usage": gen.usage()})
 
@@ -51,6 +59,8 @@ def _stream(req: ChatCompletionRequest, tok: Tokenizer, gen: Generation, header:
             "logprobs": chat_logprobs(tok, ids, lps) if req.logprobs else None,
             "finish_reason": c.finish_reason,
         }
+        if c.finished:
+            choice["stop_reason"] = c.stop_reason
         return {**header, "choices": [choice]}
 
     roles = [

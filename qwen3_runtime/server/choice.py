@@ -14,6 +14,7 @@ chunk per token. With stop strings a token waits for its text, which a stop stri
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from qwen3_runtime.logprobs import TokenLogprob
@@ -31,8 +32,11 @@ class TextOptions:
 
 
 class Choice:
-    def __init__(self, index: int, tokenizer: Tokenizer, options: TextOptions) -> None:
+    def __init__(
+        self, index: int, tokenizer: Tokenizer, options: TextOptions, stop_token_ids: Iterable[int] = ()
+    ) -> None:
         self.index = index
+        self.stop_token_ids = frozenset(stop_token_ids)
         self.stops = options.stops
         self.include_stop = options.include_stop_str_in_output
         self.lookback = max(map(len, self.stops), default=1) - 1  # where a stop string may start in earlier text
@@ -44,6 +48,8 @@ class Choice:
         self.prompt_logprobs: list[TokenLogprob | None] | None = None
         self.num_prompt_tokens = 0
         self.finish_reason: str | None = None
+        # vLLM's: the stop string or the request's stop token that ended the choice (None: EOS, length, error).
+        self.stop_reason: str | int | None = None
         self.error: str | None = None
         self._sent_chars = 0
         self._sent_tokens = 0
@@ -67,20 +73,26 @@ class Choice:
         self.logprobs += up.logprobs if up.logprobs is not None else [None] * len(up.token_ids)
         if up.finish_reason is not None:
             self.text += self.detok.finish()
-        cut = self._find_stop(start)
-        if cut is not None:
+        found = self._find_stop(start)
+        if found is not None:
+            cut, self.stop_reason = found
             self.text, self.finish_reason = self.text[:cut], "stop"
             return True
         if up.finish_reason is not None:
             self.finish_reason, self.error = up.finish_reason, up.error
+            if up.finish_reason == "stop" and up.token_ids and up.token_ids[-1] in self.stop_token_ids:
+                self.stop_reason = up.token_ids[-1]
         return False
 
-    def _find_stop(self, start: int) -> int | None:
-        """Where the text ends at the first stop string (before it, or after it when kept), searching only text
-        that could hold a new one."""
+    def _find_stop(self, start: int) -> tuple[int, str] | None:
+        """The first stop string in the text and where the text ends at it (before it, or after it when kept),
+        searching only text that could hold a new one."""
         lo = max(0, start - self.lookback)
-        found = [(i, i + len(s) if self.include_stop else i) for s in self.stops if (i := self.text.find(s, lo)) >= 0]
-        return min(found, default=(None, None))[1]
+        found = [(i, s) for s in self.stops if (i := self.text.find(s, lo)) >= 0]
+        if not found:
+            return None
+        i, stop = min(found, key=lambda f: f[0])
+        return (i + len(stop) if self.include_stop else i), stop
 
     def delta(self) -> tuple[str, list[int], list[TokenLogprob | None], list[int]]:
         """The text not sent yet (less the held-back tail), and the tokens whose text starts in it (without stop

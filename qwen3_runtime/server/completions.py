@@ -68,6 +68,8 @@ class _ChoiceWriter:
                 echoed = completion_logprobs(self.tok, self.x.prompt, prompt_lps, self.prefix_offsets)
                 out["logprobs"] = merge_completion_logprobs(echoed, out["logprobs"])
         out["finish_reason"] = c.finish_reason if c.finished else None
+        if c.finished:
+            out["stop_reason"] = c.stop_reason
         if first and self.req.prompt_logprobs is not None and c.prompt_logprobs is not None:
             out["prompt_logprobs"] = prompt_logprobs(self.tok, self.x.prompt, c.prompt_logprobs)
         return out

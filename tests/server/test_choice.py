@@ -187,3 +187,19 @@ def test_any_updates_and_polling_stream_the_text_cut_before_the_first_stop(tok, 
         assert sent_ids == ids[: len(sent_ids)] == choice.token_ids and tok.decode(sent_ids).startswith(choice.text)
     else:
         assert choice.finish_reason == "length" and choice.text == full and sent_ids == ids
+
+
+@pytest.mark.parametrize(
+    "stops, stop_ids, ended_by, reason",
+    [
+        (["world", "lo"], [], "length", "lo"),  # the first stop string in the text, not the first listed
+        ([], [13], "stop", 13),  # a stop_token_ids entry
+        ([], [], "stop", None),  # the model's EOS
+        ([], [13], "length", None),
+    ],
+)
+def test_stop_reason_names_what_ended_the_choice(tok, stops, stop_ids, ended_by, reason):
+    """vLLM's stop_reason: the stop string, or the request's stop token; None for EOS and any other end."""
+    choice = Choice(0, tok, TextOptions(stops), stop_ids)
+    choice.apply(update([*tok.encode("Hello world"), 13], ended_by))
+    assert (choice.finish_reason, choice.stop_reason) == ("stop" if stops else ended_by, reason)

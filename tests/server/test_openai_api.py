@@ -122,7 +122,8 @@ def test_prompt_logprobs_extension(http):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_stop_string_cuts_output(client, metric, stream):
-    """The text ends before the stop string; logprobs cover every token usage counts; the metrics count a stop."""
+    """The text ends before the stop string (vLLM's stop_reason names it); logprobs cover every token usage counts;
+    the metrics count a stop."""
     args = dict(model="tiny", prompt=PROMPT, max_tokens=8, temperature=0, logprobs=1, extra_body={"ignore_eos": True})
     full = client.completions.create(**args).choices[0].text
     stop = full[6:9]
@@ -133,13 +134,14 @@ def test_stop_string_cuts_output(client, metric, stream):
         usage_chunk = {"include_usage": True}
         chunks = list(client.completions.create(**args, stop=[stop], stream=True, stream_options=usage_chunk))
         text, reason = "".join(c.choices[0].text for c in chunks if c.choices), chunks[-2].choices[0].finish_reason
+        stop_reason = chunks[-2].choices[0].stop_reason
         tokens = sum(len(c.choices[0].logprobs.tokens) for c in chunks if c.choices and c.choices[0].logprobs)
         usage = chunks[-1].usage
     else:
         resp = client.completions.create(**args, stop=[stop])
         text, reason, tokens = resp.choices[0].text, resp.choices[0].finish_reason, len(resp.choices[0].logprobs.tokens)
-        usage = resp.usage
-    assert (text, reason) == (expected, "stop") and tokens == usage.completion_tokens
+        usage, stop_reason = resp.usage, resp.choices[0].stop_reason
+    assert (text, reason, stop_reason) == (expected, "stop", stop) and tokens == usage.completion_tokens
     deadline = time.monotonic() + 20
     while metric(stops) == stops_before:  # counted when the engine's end of the request arrives
         assert time.monotonic() < deadline, "the stop was not counted"
