@@ -38,6 +38,11 @@ _SAMPLING_FIELDS = {
 }
 
 
+# Qwen3Config's defaults for keys a config.json may omit; ArchitectureConfig's own are the released models' values
+# (for random weights), and taking those would silently change the rotary embedding or the head size.
+_QWEN3_CONFIG_DEFAULTS = {"head_dim": 128, "rope_theta": 10000.0, "max_position_embeddings": 32768}
+
+
 class CheckpointError(ValueError):
     """A checkpoint that does not match the model; the message names the tensor."""
 
@@ -61,6 +66,8 @@ def read_architecture(path: str | Path) -> ArchitectureConfig:
     if _rope_type(rope) not in (None, "default"):  # null fields take their defaults, as in transformers
         scaling = {k: v for k, v in rope.items() if k not in ("type", "rope_theta") and v is not None}
         raw["rope_scaling"] = {**scaling, "rope_type": _rope_type(rope)}
+    for key, value in _QWEN3_CONFIG_DEFAULTS.items():  # absent (not null): what transformers' Qwen3Config fills in
+        raw.setdefault(key, value)
     if raw.get("head_dim") is None:
         raw.pop("head_dim", None)
         with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):  # else _build names the bad key
@@ -173,6 +180,9 @@ def _checkpoint_files(path: Path) -> list[Path]:
         weight_map = _read_json(index, CheckpointError).get("weight_map")
         if not isinstance(weight_map, dict):
             raise CheckpointError(f"{index}: no weight_map mapping tensor names to files")
+        bad = next(((k, v) for k, v in weight_map.items() if not isinstance(v, str)), None)
+        if bad:  # sorted() below would raise a bare TypeError
+            raise CheckpointError(f"{index}: weight_map[{bad[0]!r}]={bad[1]!r} is not a file name")
         return [path / s for s in sorted(set(weight_map.values()))]
     single = path / "model.safetensors"
     if single.is_file():
@@ -210,7 +220,11 @@ def _load_checkpoint(model: Qwen3ForCausalLM, path: Path) -> None:
             seen |= _load_file(model, file, expected)
         except (SafetensorError, OSError) as e:  # truncated, empty or missing: name the file
             raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
-    if "lm_head.weight" not in seen and model.config.tie_word_embeddings:  # tied checkpoints omit lm_head
+    # Tied checkpoints omit lm_head, or (Qwen3-0.6B, 1.7B) hold a copy of the embedding: tie rather than keep a
+    # second vocab x hidden tensor, as transformers and vLLM do. A different lm_head stays, as transformers keeps it.
+    if model.config.tie_word_embeddings and (
+        "lm_head.weight" not in seen or torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
+    ):
         model.tie_lm_head()
         seen.add("lm_head.weight")
     missing = sorted(set(expected) - seen)
@@ -233,7 +247,14 @@ def _load_file(model: Qwen3ForCausalLM, file: Path, expected: dict[str, tuple[st
                 dest = dest[_shard_slice(param_name, shard, model.config)]
             tensor = f.get_tensor(name)
             if tuple(tensor.shape) != tuple(dest.shape):
-                raise CheckpointError(f"tensor {name!r} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
+                raise CheckpointError(
+                    f"tensor {name!r} in {file.name} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
+                )
+            if not tensor.is_floating_point() or tensor.dtype.itemsize < 2:  # copy_ would cast it without a word
+                raise CheckpointError(
+                    f"tensor {name!r} in {file.name} has dtype {tensor.dtype}, expected a 16- or 32-bit float "
+                    "(quantized checkpoints are not supported)"
+                )
             dest.copy_(tensor)
         return set(f.keys())
 

@@ -47,6 +47,27 @@ def test_sharded_untied_checkpoint(make_checkpoint):
     assert torch.equal(model.lm_head.weight, load_file(shard)["lm_head.weight"])
 
 
+def test_tied_checkpoint_holding_lm_head_shares_one_tensor(make_checkpoint):
+    """Qwen3-0.6B and 1.7B tie their embeddings yet store lm_head.weight too: one tensor, as in transformers."""
+    path = make_checkpoint()
+    _edit(path, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"].clone()}))
+    model = _load(path)
+    assert model.lm_head_is_tied
+    _edit(path, lambda t: t.update({"lm_head.weight": t["model.embed_tokens.weight"] + 1}))
+    model = _load(path)  # transformers too keeps an lm_head that differs, untied
+    assert not model.lm_head_is_tied
+    assert torch.equal(model.lm_head.weight, load_file(path / "model.safetensors")["lm_head.weight"])
+
+
+def test_index_naming_no_file_is_an_error(make_checkpoint):
+    path = make_checkpoint(max_shard_size="100KB")
+    index = json.loads((path / "model.safetensors.index.json").read_text())
+    index["weight_map"]["model.norm.weight"] = 3
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"index.json: weight_map\['model.norm.weight'\]=3 is not a file name"):
+        _load(path)
+
+
 def test_missing_unexpected_and_misshaped_tensors_are_named(make_checkpoint):
     path = make_checkpoint()
     original = load_file(path / "model.safetensors")
@@ -61,8 +82,18 @@ def test_missing_unexpected_and_misshaped_tensors_are_named(make_checkpoint):
         lambda t: (t.clear(), t.update(original, **{"model.layers.0.self_attn.v_proj.weight": torch.zeros(3, 64)})),
     )
     with pytest.raises(
-        CheckpointError, match=r"'model.layers.0.self_attn.v_proj.weight' has shape \(3, 64\), expected \(48, 64\)"
+        CheckpointError,
+        match=r"'model.layers.0.self_attn.v_proj.weight' in model.safetensors has shape \(3, 64\), expected \(48, 64\)",
     ):
+        _load(path)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool, torch.float8_e4m3fn])
+def test_integer_or_8_bit_tensor_is_an_error(make_checkpoint, dtype):
+    """Refused rather than cast into the weights: an integer or 8-bit tensor is corrupt or needs scales."""
+    path = make_checkpoint()
+    _edit(path, lambda t: t.update({"model.norm.weight": t["model.norm.weight"].to(dtype)}))
+    with pytest.raises(CheckpointError, match=rf"'model.norm.weight' in model.safetensors has dtype {dtype}"):
         _load(path)
 
 
@@ -131,6 +162,22 @@ def test_bad_sampling_default_names_the_file_and_key(tiny_checkpoint, tmp_path, 
     (path / "generation_config.json").write_text(json.dumps({field: value}))
     with pytest.raises(ConfigError, match=rf"generation_config.json: {field}: "):
         read_sampling_defaults(path)
+
+
+@pytest.mark.parametrize("key", ["rope_parameters", "head_dim", "max_position_embeddings"])
+def test_absent_config_keys_take_transformers_defaults(tiny_checkpoint, tmp_path, key):
+    """A config.json without rope_theta runs with transformers' 10000, not Qwen3's released 1e6 (the logits would
+    differ); without head_dim, with 128."""
+    import transformers
+
+    path = _copy(tiny_checkpoint, tmp_path, **{key: None})
+    theirs = transformers.AutoConfig.from_pretrained(path)
+    arch = read_architecture(path)
+    assert (arch.rope_theta, arch.head_dim, arch.max_position_embeddings) == (
+        theirs.rope_parameters["rope_theta"],
+        theirs.head_dim,
+        theirs.max_position_embeddings,
+    )
 
 
 def test_untied_checkpoint_without_lm_head_is_an_error(make_checkpoint):
