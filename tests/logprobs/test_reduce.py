@@ -349,3 +349,55 @@ def test_gpu_cuda_graph_capture_allocates_nothing():
     assert torch.cuda.memory_allocated() == before
     for i in range(n_rows):
         assert_row_matches(logits, out, i, i * 1000, k_max)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's NumPy sees inf - inf
+@pytest.mark.parametrize("vocab", [1, 2, 33])
+def test_every_field_of_every_row_is_written_over_poisoned_buffers(vocab):
+    """Fresh buffers already hold what status != 0 rows and the columns past num_top expect (NaN / -1 / -inf),
+    so an unwritten field would pass; here every field starts as poison, and each row (ok, NaN, all -inf, a bad
+    token; num_top 0, negative, past k_max and past the vocabulary) must overwrite it."""
+    k_max = 6
+    logits = realistic_logits(8, vocab, seed=vocab + 70)
+    logits[1, vocab // 2] = float("nan")
+    logits[2] = float("-inf")
+    token_ids = [0, 0, 0, vocab, -3, vocab - 1, vocab // 2, 0]
+    num_top = [k_max, 3, k_max, 2, k_max, 0, -4, k_max + 5]
+    out = LogprobBuffers.allocate(8, k_max, vocab, "cpu", TINY)
+    for field in (out.logprob, out.logsumexp, out.top_logprobs):
+        field.fill_(123.25)
+    for field in (out.rank, out.top_ids, out.status):
+        field.fill_(77)
+    for field in vars(out.workspace).values():
+        if isinstance(field, torch.Tensor):
+            field.fill_(float("nan") if field.is_floating_point() else -77)
+    run(logits, token_ids, num_top, k_max, out=out)
+    for i in range(8):
+        assert_row_matches(logits, out, i, token_ids[i], max(num_top[i], 0))
+    assert out.status.tolist() == [0, 1, 1, 2, 2, 0, 0, 0]
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's NumPy sees -3e38 - 3e38 overflow
+@pytest.mark.parametrize("config", [TINY, ROUNDS], ids=["counting", "rounds"])
+def test_huge_finite_logits_match_the_torch_reference(config):
+    """+-3e38 (fp32's edge): a chunk's exp sums and the merge's shifts must not overflow to inf or NaN; logprobs
+    of -3e38 tokens below a 3e38 peak are -inf in fp32, as the float64 reference rounds them. Ids, ranks and
+    statuses exactly, logsumexp to fp32 rounding."""
+    vocab = 70
+    gen = torch.Generator().manual_seed(81)
+    logits = (torch.rand(5, vocab, generator=gen) * 2 - 1) * 3e38
+    logits[1] = torch.where(torch.rand(vocab, generator=gen) < 0.5, 3e38, -3e38)  # ties at both ends
+    logits[2] = torch.randn(vocab, generator=gen)
+    logits[2, [5, 40]] = 3.4e38  # a lone huge peak over ordinary values, in two chunks
+    logits[3] = float("-inf")
+    logits[3, [0, vocab - 1]] = -3.4e38  # only the most negative finite values
+    logits[4, : vocab // 2] = float("-inf")
+    token_ids = torch.tensor([3, 7, 40, vocab - 1, vocab - 2])
+    num_top = torch.tensor([5, 5, 2, 5, 5])
+    got = run(logits, token_ids, num_top, 5, config)
+    want = reduce_logprobs_reference(logits, token_ids, num_top, 5)
+    assert got.status.tolist() == want.status.tolist() == [0] * 5
+    assert torch.equal(got.rank, want.rank) and torch.equal(got.top_ids, want.top_ids)
+    torch.testing.assert_close(got.logsumexp, want.logsumexp, rtol=1e-6, atol=0)
+    torch.testing.assert_close(got.logprob, want.logprob, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(got.top_logprobs, want.top_logprobs, rtol=1e-6, atol=1e-6)

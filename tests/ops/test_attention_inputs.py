@@ -3,7 +3,8 @@ import functools
 import pytest
 import torch
 
-from qwen3_runtime.ops.attention_inputs import attention_inputs, attention_inputs_reference
+from qwen3_runtime.ops import attention_inputs as attention_inputs_module
+from qwen3_runtime.ops.attention_inputs import DECODE_ROWS, attention_inputs, attention_inputs_reference
 
 SENTINEL = -12345.0
 
@@ -102,3 +103,25 @@ def test_invariant_gives_a_token_the_same_bits_among_few_tokens_or_many():
     )
     for a, b in zip(many[:2], few[:2]):  # q and k
         assert torch.equal(a[3:8], b)
+
+
+# 1 token; the last decode-sized batch and one past it (tiles of PREFILL_TILE_TOKENS, the last holding one token).
+@pytest.mark.parametrize("tokens", [1, DECODE_ROWS, DECODE_ROWS + 1])
+def test_q_and_k_are_written_everywhere(monkeypatch, tokens):
+    """q and k start as NaN (padded rows included: they are computed, only their cache stores are skipped);
+    head_dim 24's half (12) is padded to 16 lanes."""
+    empty = torch.empty
+    monkeypatch.setattr(attention_inputs_module.torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+    heads, kv_heads = 2, 1
+    qkv, qw, kw, cos_sin, positions, (k_cache, v_cache), slots = _inputs(
+        tokens, heads, kv_heads, 24, 8, 12, torch.float32, seed=tokens
+    )
+    ref_caches = (k_cache.clone(), v_cache.clone())
+    q_ref, k_ref, _ = attention_inputs_reference(
+        qkv, heads, kv_heads, qw, kw, 1e-6, cos_sin, positions, *ref_caches, slots
+    )
+    q, k, _ = attention_inputs(qkv, heads, kv_heads, qw, kw, 1e-6, cos_sin, positions, k_cache, v_cache, slots)
+    torch.testing.assert_close(q, q_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k, k_ref, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(k_cache, ref_caches[0], rtol=1e-5, atol=1e-5)
+    assert torch.equal(v_cache, ref_caches[1])

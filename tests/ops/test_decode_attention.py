@@ -205,3 +205,38 @@ def test_kernel_replays_in_a_cuda_graph_with_new_lengths():
 
     expected = paged_decode_attention_reference(q, kv.k_cache, kv.v_cache, kv.block_tables, kv.seq_lens, scale)
     assert _max_rel_err(out, expected) <= 1e-2
+
+
+@pytest.mark.parametrize(
+    "head_dim, num_kv_heads, group_size, num_splits", [(24, 2, 2, 3), (24, 1, 3, 1), (40, 2, 4, 16)]
+)
+def test_head_dims_that_are_not_powers_of_two(head_dim, num_kv_heads, group_size, num_splits):
+    """The tiny model's 24 (a padded BLOCK_D: the masked columns must stay out of the output and the partials)
+    with poisoned buffers, one split or several."""
+    generator = torch.Generator().manual_seed(head_dim + num_splits)
+    kv = PagedKV(SEQ_LENS, 16, num_kv_heads, head_dim, generator)
+    q = torch.randn(len(SEQ_LENS), num_kv_heads * group_size, head_dim, generator=generator)
+    out = torch.full_like(q, float("nan"))
+    workspace = decode_workspace(len(SEQ_LENS), q.shape[1], num_kv_heads, num_splits, head_dim, q.device)
+    workspace.partial_out.fill_(float("nan"))
+    workspace.partial_lse.fill_(float("nan"))
+    paged_decode_attention(q, *kv.caches(), head_dim**-0.5, num_splits, out=out, workspace=workspace)
+    assert not out.isnan().any() and (out[SEQ_LENS.index(0)] == 0).all()
+    assert _max_rel_err(out, _dense_attention_float64(q, kv.dense_k, kv.dense_v, head_dim**-0.5)) <= 1e-5
+
+
+@pytest.mark.parametrize("num_splits", [1, 4])
+def test_kernel_survives_huge_scores(num_splits):
+    """Every score shifted by 2500 (exp2 of it in log2 units overflows fp32), their differences O(1): the running
+    max of each split and the merge's max keep the output finite and right."""
+    generator = torch.Generator().manual_seed(num_splits)
+    kv = PagedKV(SEQ_LENS, 16, 2, HEAD_DIM, generator)
+    q = torch.randn(len(SEQ_LENS), 4, HEAD_DIM, generator=generator)
+    q[..., 0] = 1e4
+    for cache in (kv.k_cache, kv.v_cache):
+        cache[..., 0] = torch.where(cache[..., 0].isnan(), cache[..., 0], 1.0)
+    kv.dense_k = [k.clone().index_fill_(-1, torch.tensor([0]), 1.0) for k in kv.dense_k]
+    kv.dense_v = [v.clone().index_fill_(-1, torch.tensor([0]), 1.0) for v in kv.dense_v]
+    out = paged_decode_attention(q, *kv.caches(), 0.25, num_splits)
+    assert out.isfinite().all()
+    assert _max_rel_err(out, _dense_attention_float64(q, kv.dense_k, kv.dense_v, 0.25)) <= 2e-3

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from qwen3_runtime.ops.embedding import embed, embed_reference
+from qwen3_runtime.ops import embedding
+from qwen3_runtime.ops.embedding import BLOCK, embed, embed_reference
 
 
 @pytest.mark.parametrize("hidden", [64, 1100])
@@ -29,3 +30,17 @@ def test_embed_matches_reference_on_the_gpu():
     assert torch.equal(
         embed(weight, input_ids, prev_row, sampled), embed_reference(weight, input_ids, prev_row, sampled)
     )
+
+
+@pytest.mark.parametrize("hidden", [1, BLOCK, BLOCK + 1])  # one column; a block exactly; one past it
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_every_element_is_written(monkeypatch, hidden, dtype):
+    """The output starts as NaN: one row, the first and last token ids, columns at and past a block edge."""
+    empty = torch.empty
+    monkeypatch.setattr(embedding.torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+    gen = torch.Generator().manual_seed(hidden)
+    weight = torch.randn(30, hidden, generator=gen).to(dtype)
+    for input_ids in (torch.tensor([29]), torch.tensor([0, 29, 0])):
+        assert torch.equal(embed(weight, input_ids), weight[input_ids])
+    prev_row, sampled = torch.tensor([-1, 0]), torch.tensor([29], dtype=torch.int32)
+    assert torch.equal(embed(weight, torch.tensor([5, 3]), prev_row, sampled), weight[[5, 29]])

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from qwen3_runtime.ops import greedy
 from qwen3_runtime.ops.greedy import CHUNK, greedy_max, greedy_max_reference
 
 
@@ -61,3 +62,24 @@ def test_matches_torch_max_on_gpu_at_qwen3_vocab(rows):
         logits[1, 4242] = float("nan")
     _check(logits)
     _check(_logits(6, 151936, "cuda"))
+
+
+@pytest.mark.parametrize("rows, vocab", [(1, 1), (1, CHUNK - 1), (3, 2 * CHUNK + 1)])
+def test_every_output_is_written(monkeypatch, rows, vocab):
+    """Scratch and outputs start as poison (NaN for values, -7 for ids): one row, one token, a partial last chunk;
+    huge finite values of both signs and a row entirely -inf (masked) among them."""
+    empty = torch.empty
+
+    def poisoned(*shape, dtype=None, **kw):
+        out = empty(*shape, dtype=dtype, **kw)
+        return out.fill_(float("nan") if out.is_floating_point() else -7)
+
+    monkeypatch.setattr(greedy.torch, "empty", poisoned)
+    logits = (torch.rand(rows, vocab, generator=torch.Generator().manual_seed(vocab)) * 2 - 1) * 3e38
+    if rows > 1:
+        logits[1] = float("-inf")
+        logits[2, [vocab - 1, 0]] = 3.4e38  # a tie between the first and the last, partial, chunk
+    _check(logits)
+    assert greedy_max(logits)[1][-1].item() == (0 if rows > 1 else logits[0].argmax().item())
+    peak, token = greedy_max(logits[:0])
+    assert peak.shape == token.shape == (0,)

@@ -282,3 +282,73 @@ def test_processed_rows_go_to_write_to_and_the_input_stays(monkeypatch, kernel_p
     assert torch.equal(write_to[written], processed_logits(before, params, before.amax(dim=-1), False)[written])
     assert write_to[~written].isnan().all()
     assert torch.equal(tokens, expected)
+
+
+@pytest.mark.parametrize("vocab", [1, CHUNK + 77])
+def test_processed_values_are_the_references_bit_for_bit(monkeypatch, vocab):
+    """processed_values (what the top-k / top-p cutoffs are selected among) against processed_logits' unfiltered
+    values, bit for bit, -0.0 stored as 0.0, into a poisoned output: plain, min-p, a huge peak (shifted), ties,
+    signed zeros, a row entirely -inf."""
+    empty = torch.empty
+    monkeypatch.setattr(kernel.torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+    gen = torch.Generator().manual_seed(vocab + 1)
+    logits = torch.randn(6, vocab, generator=gen) * 3
+    logits[1, 0] = 3e38
+    logits[2] = torch.randint(-2, 2, (vocab,), generator=gen).float()
+    logits[3] = torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0)
+    logits[4] = float("-inf")
+    params = _params(6, seed=vocab)
+    params.temperature.copy_(torch.tensor([0.7, 1e-3, 1.3, 0.5, 1.0, 2.0]))
+    params.min_p.copy_(torch.tensor([0.0, 0.1, 0.3, 0.0, 0.2, 0.05]))
+    peak = logits.amax(-1)
+    values = kernel.processed_values(logits, params.temperature, peak, params.min_p, GREEDY_BELOW)
+    expected = processed_logits(logits, params, peak, filtered=False) + 0.0  # -0.0 as 0.0
+    assert torch.equal(values.view(torch.int32), expected.view(torch.int32))
+
+
+def test_done_rows_keep_their_token_and_the_others_are_sampled():
+    """`done` (rows ops/top_k_sample.py sampled): their entries of `tokens` are left as they are, every other
+    row's is written, whatever the poison it held."""
+    rows, vocab = 5, CHUNK + 33
+    processed = torch.randn(rows, vocab, generator=torch.Generator().manual_seed(9)) * 2
+    processed[3] = float("-inf")  # a masked row that is not done: token 0
+    params = _params(rows)
+    params.temperature[1] = 0.0
+    done = torch.tensor([True, False, True, False, False])
+    tokens = torch.full((rows,), -7, dtype=torch.int64)
+    out = kernel.gumbel_sample(processed, params.temperature, params.seed, params.position, GREEDY_BELOW,
+                               NOISE_BITS, done=done, tokens=tokens)  # fmt: skip
+    assert out is tokens and (tokens[done] == -7).all()
+    clear = (_top2_gap(processed, params) > NEAR_TIE) | (processed == float("-inf")).all(-1)
+    expected = sample_reference(processed, params)
+    assert torch.equal(tokens[~done & clear], expected[~done & clear]) and tokens[3] == 0
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's NumPy: log(0) (min-p off), 3e38 / 1e-3
+@pytest.mark.parametrize("vocab", [100, CHUNK + 1])
+def test_raw_rows_entirely_masked_or_huge_sample_and_write_as_the_reference(vocab):
+    """sample_raw with cutoffs on rows entirely -inf (masked: token 0, their written values -inf), rows of +-3.4e38
+    (scaled, shifted or overflowing to -inf as in PyTorch) and a greedy -inf row; flagged rows written into a
+    poisoned write_to bit for bit, the others left poisoned."""
+    gen = torch.Generator().manual_seed(vocab + 2)
+    logits = torch.randn(6, vocab, generator=gen) * 3
+    logits[0] = float("-inf")
+    logits[1] = (torch.rand(vocab, generator=gen) * 2 - 1) * 3.4e38
+    logits[2] = torch.where(torch.rand(vocab, generator=gen) < 0.5, 3.4e38, -3.4e38)  # ties at both ends
+    logits[3] = float("-inf")
+    logits[4, vocab - 1] = float("-inf")
+    params = _params(6, seed=vocab)
+    params.temperature.copy_(torch.tensor([0.8, 1e-3, 0.5, 0.0, 1.0, 2.0]))
+    params.min_p.copy_(torch.tensor([0.1, 0.0, 0.05, 0.0, 0.2, 0.0]))
+    params.top_k.copy_(torch.tensor([5, -1, 3, -1, -1, 7], dtype=torch.int32))
+    params.top_p.copy_(torch.tensor([0.9, 0.5, 1.0, 1.0, 0.7, 1.0]))
+    write_rows = torch.tensor([1, 1, 1, 1, 0, 1])
+    peak = logits.amax(-1)
+    processed = processed_logits(logits, params, peak)
+    write_to = torch.full_like(logits, float("nan"))
+    tokens = sample_raw(logits, params, peak, write_rows, filter_cutoffs(logits, params, peak), write_to)
+    expected = sample_reference(processed, params)
+    clear = (_top2_gap(processed, params) > NEAR_TIE) | (processed == float("-inf")).all(-1)
+    assert torch.equal(tokens[clear], expected[clear]) and tokens[[0, 3]].tolist() == [0, 0]
+    written = torch.tensor([True, True, True, False, False, True])  # greedy row 3 is never written
+    assert torch.equal(write_to[written], processed[written]) and write_to[~written].isnan().all()

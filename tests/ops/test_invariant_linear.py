@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from qwen3_runtime.ops import invariant_linear as invariant_module
 from qwen3_runtime.ops.invariant_linear import BLOCK_M, BLOCK_N, invariant_linear, invariant_linear_reference
 
 
@@ -41,3 +42,14 @@ def test_a_rows_result_is_the_same_bits_in_every_batch(out_dtype):
         assert torch.equal(invariant_linear(rows[r : r + 1].clone(), weight, out_dtype)[0], whole[r])
         others = torch.cat([torch.randn(3, 1000, generator=gen, device="cuda").bfloat16(), rows[r : r + 1]])
         assert torch.equal(invariant_linear(others, weight, out_dtype)[3], whole[r])
+
+
+@pytest.mark.parametrize("rows, n, k", [(1, 1, 1), (BLOCK_M, BLOCK_N + 1, 65)])  # a single element; tile edges
+def test_every_output_is_written(monkeypatch, rows, n, k):
+    """The output starts as NaN: a 1x1 product of one term, and a full row tile beside a column tile of one."""
+    empty = torch.empty
+    monkeypatch.setattr(invariant_module.torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+    gen = torch.Generator().manual_seed(rows + n + k)
+    x, weight = torch.randn(rows, k, generator=gen), torch.randn(n, k, generator=gen)
+    out = invariant_linear(x, weight)
+    torch.testing.assert_close(out, invariant_linear_reference(x, weight), rtol=1e-5, atol=1e-5 * k)

@@ -53,3 +53,15 @@ def test_matches_the_reference_on_gpu_at_qwen3_vocab():
     top_p = torch.tensor([0.9, 0.8, 0.5, 1.0, 0.7, 0.8], device="cuda")
     expected = (filter_sorted(values, top_k, top_p) != -torch.inf).sum(dim=-1)
     assert kept_prefix(values, top_k, top_p).tolist() == expected.tolist()
+
+
+@pytest.mark.parametrize("width", [1, 2, kp.CHUNK - 1, kp.CHUNK])  # one entry; a chunk just short of and exactly full
+def test_matches_the_finite_count_at_chunk_edges_with_poisoned_scratch(monkeypatch, width):
+    """The chunk masses start as NaN: a chunk left unsummed, or a padded one read, shows in every count."""
+    empty = torch.empty
+    monkeypatch.setattr(kp.torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+    values = _rows(width, torch.Generator().manual_seed(width + 5))
+    top_k = torch.tensor([-1, 1, 2, width, 0, 5], dtype=torch.int32)
+    top_p = torch.tensor([0.9, 1.0, 0.5, 0.999, 1e-6, 0.7])
+    expected = (filter_sorted(values, top_k, top_p) != -torch.inf).sum(dim=-1)
+    assert kept_prefix(values, top_k, top_p).tolist() == expected.tolist()

@@ -129,3 +129,18 @@ def test_bf16_projections_of_qwen3_4b_on_the_gpu(rows):
             gated = gated_linear(x, weight)
             unfused = silu_mul(linear(x, weight))
             assert (gated.float() - unfused.float()).abs().max() <= 1e-2 * unfused.float().abs().max()
+
+
+@pytest.mark.parametrize("rows", [1, 33])  # the narrow tiles and the wide ones past WIDE_ROWS
+@pytest.mark.parametrize("n,k", [(1, 1), (65, 129)])  # one column of one element; one past whole tiles
+def test_every_output_is_written(monkeypatch, rows, n, k):
+    """Outputs and partials start as NaN, through linear, gated_linear and linear_partials (split K)."""
+    empty = torch.empty
+    monkeypatch.setattr(linear_module.torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+    gen = torch.Generator().manual_seed(rows + n)
+    x, weight = torch.randn(rows, k, generator=gen), torch.randn(2 * n, k, generator=gen)
+    _close(linear(x, weight), x, weight)
+    parts = linear_partials(x, weight, splits=2)
+    _close(parts.sum(0), x, weight)
+    ref = silu_mul_reference(x.double() @ weight.double().t())
+    torch.testing.assert_close(gated_linear(x, weight).double(), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())

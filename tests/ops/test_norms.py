@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from qwen3_runtime.ops import norms
 from qwen3_runtime.ops.norms import add_rms_norm, add_rms_norm_reference, silu_mul, silu_mul_reference
 
 
@@ -47,3 +48,29 @@ def test_bf16_kernels_match_their_references_on_the_gpu():
     gate_up = torch.randn(17, 2 * 9728, device=dev, dtype=bf16)
     a, b = silu_mul(gate_up), silu_mul_reference(gate_up)
     assert (a.float() - b.float()).abs().max() <= 0.02 * b.float().abs().max()
+
+
+def _poison_empty(monkeypatch):
+    empty = torch.empty
+    monkeypatch.setattr(norms.torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+
+
+@pytest.mark.parametrize("rows, dim", [(1, 1), (1, 7), (3, 128), (2, 129)])
+def test_add_rms_norm_writes_every_element(monkeypatch, rows, dim):
+    """Outputs start as NaN: one row, one column, a power of two and one past it."""
+    _poison_empty(monkeypatch)
+    gen = torch.Generator().manual_seed(dim)
+    x, residual, weight = (torch.randn(shape, generator=gen) for shape in ((rows, dim), (rows, dim), (dim,)))
+    _close(add_rms_norm(x, weight, 1e-6), add_rms_norm_reference(x, weight, 1e-6))
+    res_a, res_b = residual.clone(), residual.clone()
+    _close(add_rms_norm(x, weight, 1e-6, res_a), add_rms_norm_reference(x, weight, 1e-6, res_b))
+    _close(res_a, res_b)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # the interpreter's NumPy: exp(1e4) overflows, as meant
+@pytest.mark.parametrize("n_cols", [1, 1024, 1025])  # one column; the block exactly; one past it
+def test_silu_mul_writes_every_element(monkeypatch, n_cols):
+    _poison_empty(monkeypatch)
+    gate_up = torch.randn(2, 2 * n_cols, generator=torch.Generator().manual_seed(n_cols)) * 4
+    gate_up[0, 0] = -1e4  # exp(-gate) overflows: silu is -0.0
+    _close(silu_mul(gate_up), silu_mul_reference(gate_up))

@@ -171,3 +171,23 @@ def test_edge_cases_do_what_they_say():
     seen[3] = False  # biased
     for t in seen.nonzero().flatten().tolist():
         assert abs(out[6, t]) <= abs(x[6, t]) if x[6, t] > 0 else abs(out[6, t]) >= abs(x[6, t])
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy (the interpreter's and _vllm_row's) overflows
+@pytest.mark.parametrize("vocab", [37, CHUNK + 5])
+def test_huge_and_masked_rows_match_the_reference(vocab):
+    """Rows of +-3e38 (repetition's division and product, the bias and the frequency term may overflow to +-inf,
+    in the kernel as in PyTorch) and rows entirely -inf (masked; a +100 bias leaves -inf as it is), through every
+    slot, into a poisoned output; the reference against vLLM's per-token semantics too."""
+    inp = _inputs(vocab, seed=vocab + 3)
+    g = torch.Generator().manual_seed(vocab)
+    logits = inp["logits"]
+    for row in (0, 2, 6, 7):
+        logits[row] = (torch.rand(vocab, generator=g) * 2 - 1) * 3.4e38
+    logits[3] = float("-inf")  # slot 2: +-100 among its biases
+    logits[5] = float("-inf")
+    out = apply_penalties(**inp, out=torch.full_like(logits, float("nan")))
+    ref = apply_penalties_reference(**inp)
+    _exact(out, ref)
+    _exact(ref, _vllm(inp))
+    assert out[[3, 5]].eq(float("-inf")).all() and out[[0, 2, 6]].isinf().any()

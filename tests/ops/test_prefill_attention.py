@@ -297,3 +297,19 @@ def test_chunks_and_cpu_tensors_go_to_the_paged_path():
         k = torch.zeros(q.shape[0], 2, 16)  # not read by the paged path
         out = attend_prefill(q, k, k, paged.k_cache, paged.v_cache, plan, 0.25)
         torch.testing.assert_close(out, paged_prefill_attention(q, paged.k_cache, paged.v_cache, plan, 0.25))
+
+
+@pytest.mark.parametrize("head_dim, num_kv_heads, group_size", [(24, 2, 2), (40, 1, 3)])
+def test_head_dims_that_are_not_powers_of_two(head_dim, num_kv_heads, group_size):
+    """The tiny model's 24: BLOCK_D is padded past the head dim, in the unmasked loop as in the causal one."""
+    q, paged = _inputs(16, num_kv_heads, group_size, head_dim, seed=head_dim)
+    _check_kernel(q, paged, paged.plan(group_size, block_m=16), head_dim**-0.5, tolerance=1e-5)
+    assert (
+        _rel_err(
+            paged_prefill_attention(
+                q, paged.k_cache, paged.v_cache, paged.plan(group_size, block_m=16), head_dim**-0.5
+            ),
+            _causal_attention_float64(q, paged, head_dim**-0.5),
+        )
+        <= 1e-5
+    )

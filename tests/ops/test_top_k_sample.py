@@ -6,6 +6,7 @@ to the full pass."""
 import pytest
 import torch
 
+from qwen3_runtime.ops import top_k_sample
 from qwen3_runtime.ops.top_k_sample import BLOCK, top_k_candidates
 from qwen3_runtime.sampler import (
     GREEDY_BELOW,
@@ -124,3 +125,42 @@ def test_candidates_at_vocabularies_smaller_than_the_cap(vocab):
     unfiltered = processed_logits(logits, params, logits.amax(-1), filtered=False)
     kept = unfiltered.masked_fill(order_keys_reference(unfiltered) < cutoff[:, None], float("-inf"))
     assert torch.equal(kept[~greedy].isfinite(), processed[~greedy].isfinite())
+
+
+@pytest.mark.parametrize("vocab", [BLOCK - 1, 2 * BLOCK + 1])
+def test_rows_of_few_or_no_finite_logits_and_every_output_written(monkeypatch, vocab):
+    """Masked rows (logit_bias -100, min_tokens): a row entirely -inf gets token 0 (as torch.argmax), a -inf peak
+    and the keep-everything cutoff; rows with fewer finite logits than top_k sample only among those. Every
+    output and scratch buffer starts as poison, so an element left unwritten shows."""
+    empty = torch.empty
+
+    def poisoned(*shape, dtype=None, **kw):
+        out = empty(*shape, dtype=dtype, **kw)
+        return out.fill_(float("nan") if out.is_floating_point() else -7)
+
+    monkeypatch.setattr(top_k_sample.torch, "empty", poisoned)
+    gen = torch.Generator().manual_seed(vocab)
+    n = 5
+    logits = torch.full((n, vocab), float("-inf"))
+    allowed = [[], [vocab - 1], [0, BLOCK - 2, vocab - 1], [3, 4], []]
+    for row, ids in enumerate(allowed):
+        logits[row, ids] = torch.randn(len(ids), generator=gen)
+    temperature = torch.tensor([0.8, 1.0, 0.7, 0.0, 0.0])  # rows 3 and 4 greedy
+    top_k = torch.tensor([5, 64, 10, 3, 2], dtype=torch.int32)
+    top_p = torch.tensor([0.9, 1.0, 0.5, 1.0, 1.0])
+    params = SamplingTensors(
+        temperature, top_k, top_p, torch.arange(n) * 13 + vocab, torch.full((n,), 2), torch.zeros(n)
+    )
+    write = torch.zeros(n, dtype=torch.int32)
+    peak, token, cutoff, done, top_p_rows = top_k_candidates(
+        logits, params.temperature, params.top_k, params.top_p, params.min_p, params.seed, params.position,
+        write, GREEDY_BELOW, NOISE_BITS, CAP,
+    )  # fmt: skip
+    assert torch.equal(peak, logits.amax(-1)) and done.all() and not top_p_rows.any()
+    assert token[0] == 0 and token[4] == 0 and cutoff[0] == -(2**63)
+    assert all(token[row].item() in ids for row, ids in enumerate(allowed) if ids)
+    processed = processed_logits(logits, params, logits.amax(-1))
+    assert torch.equal(token[1:4], sample_reference(processed, params)[1:4])
+    unfiltered = processed_logits(logits, params, logits.amax(-1), filtered=False)
+    kept = unfiltered.masked_fill(order_keys_reference(unfiltered) < cutoff[:, None], float("-inf"))
+    assert torch.equal(kept[1:3].isfinite(), processed[1:3].isfinite())
