@@ -149,9 +149,14 @@ def read_sampling_defaults(path: str | Path) -> dict[str, Any]:
     return defaults
 
 
+def model_architecture(cfg: ModelConfig) -> ArchitectureConfig:
+    """The checkpoint's shape (config.json), or the config's for random weights."""
+    return read_architecture(cfg.path) if cfg.path else cfg.architecture
+
+
 def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
     """Allocate the model once on `device` (no init pass) and fill it tensor by tensor."""
-    arch = read_architecture(cfg.path) if cfg.path else cfg.architecture
+    arch = model_architecture(cfg)
     check_weights_fit(_num_weights(arch) * dtype.itemsize, device, dtype)
     with torch.device("meta"):
         model = Qwen3ForCausalLM(arch)

@@ -17,7 +17,7 @@ from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.config import Config, ConfigError, load_config
 from qwen3_runtime.device import allocations_sized_by_config, num_kv_blocks, resolve_device, resolve_dtype
 from qwen3_runtime.kv_cache import allocate_kv_cache
-from qwen3_runtime.loader import load_model, read_sampling_defaults
+from qwen3_runtime.loader import load_model, model_architecture, read_sampling_defaults
 from qwen3_runtime.memory_profile import worst_step_bytes
 from qwen3_runtime.packing import build_latest
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
@@ -41,14 +41,14 @@ class Runtime:
             # (Triton's interpreter runs the mode for tests, but its dots are numpy's, which are not invariant.)
             raise ConfigError("engine.batch_invariant=true needs a CUDA device: its kernels are Triton's")
         self.dtype = resolve_dtype(config.model.dtype, self.device)
-        self.model = load_model(config.model, self.device, self.dtype)
-        arch = self.model.config
-        if engine.max_model_len > arch.max_context:
+        arch = model_architecture(config.model)
+        if engine.max_model_len > arch.max_context:  # before the weights load, which may take minutes
             limit = "max_position_embeddings" if arch.rope_scaling is None else "rope_scaling's context"
             raise ConfigError(
                 f"engine.max_model_len={engine.max_model_len} is out of range: must be <= "
                 f"{limit}={arch.max_context} of the model"
             )
+        self.model = load_model(config.model, self.device, self.dtype)
         self.model.build_rope_table(engine.max_model_len)
         with allocations_sized_by_config(self.device):
             self.runner = ModelRunner(self.model, config)

@@ -281,7 +281,7 @@ def test_generate_without_params_takes_the_checkpoints_generation_config(make_ru
     assert neutral.default_sampling_params() == SamplingParams()
 
 
-def test_yarn_serves_its_context_past_max_position_embeddings(make_runtime, make_checkpoint):
+def test_yarn_serves_its_context_past_max_position_embeddings(make_runtime, make_checkpoint, monkeypatch):
     """As vLLM: YaRN's context is its original one times the factor, whatever max_position_embeddings says (Qwen3's
     config.json keeps 40,960 while YaRN 4 × 32,768 serves 131,072)."""
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "rope_theta": 1e4}
@@ -289,6 +289,9 @@ def test_yarn_serves_its_context_past_max_position_embeddings(make_runtime, make
     rt = make_runtime(path, engine__max_model_len=1024, engine__max_num_batched_tokens=1024)
     (out,) = rt.generate([[5] * 1000], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
     assert out.finish_reason == "length" and len(out.token_ids) == 24  # the context's last position
+    from qwen3_runtime import runtime
+
+    monkeypatch.setattr(runtime, "load_model", lambda *_: pytest.fail("the weights load before the check"))
     with pytest.raises(ConfigError, match=r"engine.max_model_len=1025 is out of range: .* context=1024"):
         make_runtime(path, engine__max_model_len=1025)
 
