@@ -1,5 +1,5 @@
 """Render the latest benchmark run into docs/BENCHMARKS.md (the tables between its markers; the text around
-them is written by hand and kept), docs/benchmarks.json and the two PNG plots.
+them is written by hand and kept), docs/benchmarks.json and the three PNG plots.
 
 Usage: python -m scripts.write_report [RESULT_DIR]
 
