@@ -1,10 +1,9 @@
 """Per-kernel decisions for the decode step, measured on the GPU (CUDA-graph replay medians, µs):
 the Qwen3-4B projections through cuBLAS against ops/linear.py's skinny GEMM, the paged decode
-attention's tile size and split count (and its program shape past one wave of programs), what
-engine.batch_invariant's GEMM costs against cuBLAS, the sampler's passes over a step's [B, 151936] logits
-(each against greedy's argmax, the pass every step has), the skinny GEMM's tile widths at 64-128 rows
-against the L2 traffic each causes (`--parts tiles`), and its weight bandwidth against how many programs
-each SM holds (`--parts balance`).
+attention's tile size and split count, what engine.batch_invariant's GEMM costs against cuBLAS, the
+sampler's passes over a step's [B, 151936] logits (each against greedy's argmax, the pass every step has),
+the skinny GEMM's tile widths at 64-128 rows against the L2 traffic each causes (`--parts tiles`), and its weight
+bandwidth against how many programs each SM holds (`--parts balance`).
 
 Usage: python -m scripts.bench_kernels --out DIR
 """
@@ -102,51 +101,46 @@ def invariant_rows(batches: list[int]) -> list[dict]:
 
 
 def attention_rows(bandwidth: float) -> list[dict]:
-    """The tile size and split count at up to 64 rows; past that, the four-warp programs against the narrow ones
-    the kernel takes there (decode_attention.FOUR_WARP_PROGRAMS_PER_SM), each forced."""
-    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    sweeps = [
-        ((1, 8, 32, 64), (256, 1024), [{"BLOCK_N": n, "per_sm": s} for n in (16, 32, 64) for s in (1, 2, 4)]),
-        ((64, 128, 256), (160, 1024), [{"FOUR_WARP_PROGRAMS_PER_SM": p} for p in (10**6, 0)]),
-    ]
-    defaults = {name: getattr(decode_attention, name) for name in ("BLOCK_N", "FOUR_WARP_PROGRAMS_PER_SM")}
     rows = []
-    for batches, seq_lens, variants in sweeps:
-        for batch, seq_len in itertools.product(batches, seq_lens):
-            q, k_cache, v_cache, tables, lens = _attention_inputs(batch, seq_len)
-            arrivals = torch.zeros(batch, 8, device="cuda", dtype=torch.int32)  # as the runner's: zero between calls
-            floor = 2 * k_cache[:-1].numel() * 2 / bandwidth * 1e6
-            for variant in variants:
-                settings = {k: v for k, v in variant.items() if k != "per_sm"}
-                for name, value in {**defaults, **settings}.items():
-                    setattr(decode_attention, name, value)
-                splits = decode_attention.default_num_splits(batch, 8, 1024, num_sms, variant.get("per_sm"))
-                us = graph_us_per_call(
-                    lambda x: decode_attention.paged_decode_attention(
-                        x, k_cache, v_cache, tables, lens, 128**-0.5, splits, arrivals=arrivals
-                    ),
-                    q,
-                )
-                rows.append({"batch": batch, "seq_len": seq_len, **variant, "splits": splits, "us": us,
-                             "floor_us": floor})  # fmt: skip
-                print(f"attention B={batch:3d} L={seq_len:4d} {variant} splits={splits:2d}: {us:6.1f} us "
-                      f"(floor {floor:5.1f})", flush=True)  # fmt: skip
-    for name, value in defaults.items():
-        setattr(decode_attention, name, value)
-    return rows
-
-
-def _attention_inputs(batch: int, seq_len: int) -> tuple[list[torch.Tensor], ...]:
-    """Qwen3-4B's decode attention (32 query heads over 8 KV heads of 128) over `seq_len` tokens a row, paged in
-    blocks of 16 scattered over the cache: four query buffers, the caches, block tables and lengths."""
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     heads, kv_heads, dim, block = 32, 8, 128, 16
-    blocks_per_row = -(-seq_len // block)
-    k_cache = torch.randn(batch * blocks_per_row + 1, block, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
-    v_cache = torch.randn_like(k_cache)
-    tables = torch.randperm(batch * blocks_per_row, device="cuda").view(batch, -1).int()
-    lens = torch.full((batch,), seq_len, device="cuda", dtype=torch.int32)
-    q = [torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
-    return q, k_cache, v_cache, tables, lens
+    default_block_n = decode_attention.BLOCK_N
+    for batch, seq_len in itertools.product((1, 8, 32, 64), (256, 1024)):
+        blocks_per_row = seq_len // block
+        k_cache = torch.randn(batch * blocks_per_row + 1, block, kv_heads, dim, device="cuda", dtype=torch.bfloat16)
+        v_cache = torch.randn_like(k_cache)
+        tables = torch.randperm(batch * blocks_per_row, device="cuda").view(batch, -1).int()
+        seq_lens = torch.full((batch,), seq_len, device="cuda", dtype=torch.int32)
+        q = [torch.randn(batch, heads, dim, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        arrivals = torch.zeros(batch, kv_heads, device="cuda", dtype=torch.int32)  # as the runner's: zero between calls
+        floor = 2 * k_cache[:-1].numel() * 2 / bandwidth * 1e6
+        for block_n, per_sm in itertools.product((16, 32, 64), (1, 2, 4)):
+            decode_attention.BLOCK_N = block_n
+            splits = decode_attention.default_num_splits(batch, kv_heads, 1024, num_sms, per_sm)
+            us = graph_us_per_call(
+                lambda x: decode_attention.paged_decode_attention(
+                    x, k_cache, v_cache, tables, seq_lens, dim**-0.5, splits, arrivals=arrivals
+                ),
+                q,
+            )
+            rows.append(
+                {
+                    "batch": batch,
+                    "seq_len": seq_len,
+                    "block_n": block_n,
+                    "programs_per_sm": per_sm,
+                    "splits": splits,
+                    "us": us,
+                    "floor_us": floor,
+                }
+            )
+            print(
+                f"attention B={batch:2d} L={seq_len:4d} BLOCK_N={block_n:2d} per_sm={per_sm} splits={splits:2d}: "
+                f"{us:6.1f} us (floor {floor:5.1f})",
+                flush=True,
+            )
+    decode_attention.BLOCK_N = default_block_n
+    return rows
 
 
 def sampling_rows(batches: list[int]) -> list[dict]:

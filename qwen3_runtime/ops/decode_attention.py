@@ -25,13 +25,8 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from qwen3_runtime.ops import num_sms, pdl_launch, use_triton
 
-# Tokens per tile and warps per program: the best inside the decode step at the context lengths served (64 tokens
-# win only on long rows) while one wave holds every (row, KV head) pair.
-BLOCK_N, NUM_WARPS = 32, 4
-# Past that wave (five of those programs fit an SM, by registers and shared memory) programs of two warps over
-# 16-token tiles, eight an SM, take the pairs in fewer waves and keep more K/V loads in flight.
-FOUR_WARP_PROGRAMS_PER_SM = 5
-NARROW_BLOCK_N, NARROW_NUM_WARPS = 16, 2
+# Tokens per tile: the best inside the decode step at the context lengths served; 64 wins only on long rows.
+BLOCK_N = 32
 # Tensor-core dots need at least 16 rows, so a GQA group is padded up to this.
 MIN_GROUP_ROWS = 16
 # Enough programs for about two waves: latency hiding for the gathered loads.
@@ -333,8 +328,6 @@ def paged_decode_attention(
     assert arrivals.shape == (batch, num_kv_heads) and arrivals.dtype == torch.int32 and arrivals.stride(1) == 1
     merge_g = triton.next_power_of_2(group_size)
     grid_size = batch * num_kv_heads * num_splits
-    narrow = batch * num_kv_heads > FOUR_WARP_PROGRAMS_PER_SM * num_sms(q.device)
-    block_n, num_warps = (NARROW_BLOCK_N, NARROW_NUM_WARPS) if narrow else (BLOCK_N, NUM_WARPS)
     _decode_attention_kernel[(batch, num_kv_heads, num_splits)](
         q,
         k_cache,
@@ -367,7 +360,7 @@ def paged_decode_attention(
         partial_lse.stride(1),
         arrivals.stride(0),
         BLOCK_G=max(MIN_GROUP_ROWS, merge_g),
-        BLOCK_N=block_n,
+        BLOCK_N=BLOCK_N,
         BLOCK_D=triton.next_power_of_2(head_dim),
         PAGE_SIZE=block_size,  # constexpr: the page arithmetic becomes shifts
         MERGE_G=merge_g,
@@ -375,7 +368,7 @@ def paged_decode_attention(
         # fp32 caches (tests) need exact products; tf32 would miss 1e-5.
         DOT_PRECISION="ieee" if k_cache.dtype == torch.float32 else "tf32",
         DEPENDENTS_EARLY=dependents_early,
-        num_warps=num_warps,
+        num_warps=4,
         num_stages=STAGES_BESIDE_PRELOAD if dependents_early and grid_size > 2 * num_sms(q.device) else STAGES,
         **pdl_launch(q),
     )
