@@ -3,7 +3,8 @@
 #   [QUICK=1] bash scripts/gpu_check.sh [tests] [repeat] [parity] [profile] [timeline] [decode] [kernels] [tiles]
 #                                      [balance] [reduce] [lm_head] [logprobs] [sampling] [prefill] [prefill_e2e]
 #                                      [sampled] [arrivals] [serving] [soak] [soak_replay]
-#   (arrivals, serving and soak need the server's wheels)
+#   (prefill_e2e, arrivals, serving and soak need the server's wheels: bench_prefill and bench_serve parse with
+#   pydantic_core)
 #   (default: all; QUICK=1: decode and logprobs with fewer tokens and repetitions, a few minutes)
 # Pass GIT_COMMIT=<sha> (the device machine has no .git) so results name their commit.
 set -uo pipefail
@@ -19,8 +20,8 @@ exec > >(tee "$OUT/gpu_check.log") 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
 for step in $steps; do
   case $step in
-    # tests/server has no GPU test, and collecting it needs the server's packages and openai's client
-    tests)  run python3 -m pytest -m gpu -p no:cacheprovider -rs --ignore=tests/server ;;
+    # tests/server and tests/scripts have no GPU test, and collecting them needs the server's packages
+    tests)  run python3 -m pytest -m gpu -p no:cacheprovider -rs --ignore=tests/server --ignore=tests/scripts ;;
     repeat) run python3 -m scripts.repeat_check --config qwen3-0.6b --repeats 5 ;;
     parity) run python3 -m scripts.gpu_parity --config qwen3-0.6b --out "$OUT" ;;
     profile) run python3 -m scripts.profile_decode --config qwen3-4b --batch 1 8 32 64 --out "$OUT" ;;
