@@ -65,6 +65,8 @@ def read_architecture(path: str | Path) -> ArchitectureConfig:
         raw["rope_theta"] = rope["rope_theta"]
     if _rope_type(rope) not in (None, "default"):  # null fields take their defaults, as in transformers
         scaling = {k: v for k, v in rope.items() if k not in ("type", "rope_theta") and v is not None}
+        if "truncate" in rope and rope["truncate"] is None:  # but transformers and vLLM test truncate's truth
+            scaling["truncate"] = False
         raw["rope_scaling"] = {**scaling, "rope_type": _rope_type(rope)}
     for key, value in _QWEN3_CONFIG_DEFAULTS.items():  # absent (not null): what transformers' Qwen3Config fills in
         raw.setdefault(key, value)

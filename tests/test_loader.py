@@ -197,6 +197,21 @@ def test_yarn_as_qwen3s_model_card_writes_it(tiny_checkpoint, tmp_path):
     assert read_architecture(path).rope_scaling is None
 
 
+def test_yarn_null_truncate_does_not_truncate_as_in_transformers(tiny_checkpoint, tmp_path):
+    """transformers reads rope_parameters.get("truncate", True) and vLLM passes it on: null is falsy there."""
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from qwen3_runtime.model import rope_frequencies
+
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "truncate": None}
+    path = _copy(tiny_checkpoint, tmp_path, rope_parameters={**yarn, "rope_theta": 1e4})
+    arch = read_architecture(path)
+    theirs, _ = ROPE_INIT_FUNCTIONS["yarn"](transformers.AutoConfig.from_pretrained(path), "cpu")
+    ours, _ = rope_frequencies(arch.head_dim, arch.rope_theta, arch.rope_scaling)
+    torch.testing.assert_close(ours, theirs, rtol=1e-6, atol=0)
+
+
 @pytest.mark.parametrize(
     "edits, words",
     [

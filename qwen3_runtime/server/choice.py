@@ -33,10 +33,18 @@ class TextOptions:
 
 class Choice:
     def __init__(
-        self, index: int, tokenizer: Tokenizer, options: TextOptions, stop_token_ids: Iterable[int] = ()
+        self,
+        index: int,
+        tokenizer: Tokenizer,
+        options: TextOptions,
+        stop_token_ids: Iterable[int] = (),
+        ignore_eos: bool = False,
     ) -> None:
         self.index = index
-        self.stop_token_ids = frozenset(stop_token_ids)
+        # vLLM tests the tokenizer's EOS before stop_token_ids (unless ignore_eos): ending on it names no
+        # stop_reason, listed or not.
+        eos = None if ignore_eos else tokenizer.token_to_id(tokenizer.special_tokens_map.get("eos_token", ""))
+        self.stop_token_ids = frozenset(stop_token_ids) - {eos}
         self.stops = options.stops
         self.include_stop = options.include_stop_str_in_output
         self.lookback = max(map(len, self.stops), default=1) - 1  # where a stop string may start in earlier text

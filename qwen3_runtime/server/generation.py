@@ -17,7 +17,9 @@ class Generation:
     def __init__(self, client: EngineClient, tok: Tokenizer, inputs: list[EngineInput], options: TextOptions) -> None:
         self.client = client
         self.inputs = inputs
-        self.choices = [Choice(i, tok, options, x.params.stop_token_ids) for i, x in enumerate(inputs)]
+        self.choices = [
+            Choice(i, tok, options, x.params.stop_token_ids, x.params.ignore_eos) for i, x in enumerate(inputs)
+        ]
         self.ids = [client.new_id() for _ in inputs]
         self._by_id = dict(zip(self.ids, self.choices))
         self._queue: asyncio.Queue = asyncio.Queue(sum(x.params.max_tokens + 3 for x in inputs))

@@ -86,15 +86,16 @@ def _expand(
     rename: dict | None = None,
 ) -> list[EngineInput]:
     """n engine requests per prompt, with seeds seed, seed + 1, ... (or each its own random one). max_tokens: the
-    least of the fields' (None: unset), what the context leaves and the model's default (vLLM's rule)."""
+    fields' or, unset (None), the model's default, within what the context leaves (vLLM's get_max_tokens: the
+    default is not a ceiling on a max_tokens asked for)."""
     rename = rename or {}
     _check_logprobs(fields.get("logprobs"), "sample", limits, rename.get("logprobs", "logprobs"))
     _check_logprobs(fields.get("prompt_logprobs"), "prompt", limits, "prompt_logprobs")
     inputs = []
     for i, prompt in enumerate(prompts):
         room = _context_room(len(prompt), fields["max_tokens"], limits, rename)
-        caps = (fields["max_tokens"], room, defaults.get("max_tokens"))
-        prompt_fields = {**fields, "max_tokens": min(cap for cap in caps if cap is not None)}  # each prompt's own
+        asked = fields["max_tokens"] if fields["max_tokens"] is not None else defaults.get("max_tokens")
+        prompt_fields = {**fields, "max_tokens": room if asked is None else min(asked, room)}  # each prompt's own
         for j in range(req.n):
             seed = None if req.seed is None else (req.seed + j) % 2**63
             try:

@@ -235,9 +235,16 @@ class TokenizeRequest(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _token_strings_refused(cls, data: Any) -> Any:
-        if isinstance(data, dict) and data.get("return_token_strs"):
+    def _unsupported_refused(cls, data: Any) -> Any:
+        """vLLM's fields that change the ids (or the answer) but that this server does not implement: refused unless
+        off, as the chat endpoint refuses them, so the count is never one of a prompt other than the chat's."""
+        if not isinstance(data, dict):
+            return data
+        if data.get("return_token_strs"):
             raise refused("return_token_strs", "return_token_strs is not supported by this server")
+        for name in ("tools", "continue_final_message", "chat_template"):
+            if name in data and data[name] not in UNSUPPORTED_CHAT[name]:
+                raise refused(name, f"{name} is not supported by this server")
         return data
 
 

@@ -59,8 +59,8 @@ def engine_inputs(result: Result, tok: Tokenizer, defaults: dict[str, Any]) -> l
         if b.get("echo") and logprobs is not None:
             prompt_logprobs = max(prompt_logprobs or 0, logprobs)
         fields = dict(max_tokens=b["max_tokens"], logprobs=logprobs, prompt_logprobs=prompt_logprobs)
-    if defaults.get("max_tokens") is not None:
-        fields["max_tokens"] = min(fields["max_tokens"], defaults["max_tokens"])
+    if fields["max_tokens"] is None:  # the model's default stands in for an unset one only, as in server/inputs.py
+        fields["max_tokens"] = defaults.get("max_tokens")
     names = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
     names += ("repetition_penalty", "min_tokens")
     sampling = {k: v for k, v in defaults.items() if k in names} | {k: b[k] for k in names if b.get(k) is not None}

@@ -203,3 +203,14 @@ def test_stop_reason_names_what_ended_the_choice(tok, stops, stop_ids, ended_by,
     choice = Choice(0, tok, TextOptions(stops), stop_ids)
     choice.apply(update([*tok.encode("Hello world"), 13], ended_by))
     assert (choice.finish_reason, choice.stop_reason) == ("stop" if stops else ended_by, reason)
+
+
+def test_eos_listed_in_stop_token_ids_names_no_stop_reason(tok):
+    """vLLM's check_stop tests the tokenizer's EOS before stop_token_ids: a request listing <|im_end|> that ends on
+    it gets stop_reason null, as an unlisted EOS does; with ignore_eos only the listing stops it, and names it."""
+    choice = Choice(0, tok, TextOptions([]), [151645])
+    choice.apply(update([*tok.encode("Hi"), 151645], "stop"))
+    assert (choice.finish_reason, choice.stop_reason) == ("stop", None)
+    ignoring = Choice(0, tok, TextOptions([]), [151645], ignore_eos=True)
+    ignoring.apply(update([*tok.encode("Hi"), 151645], "stop"))
+    assert ignoring.stop_reason == 151645

@@ -48,9 +48,13 @@ def test_unset_sampling_fields_take_the_models_defaults(tok):
     assert fields(unset) == (0.6, 20, 0.95, 8)
     given = CompletionRequest(prompt=[1], temperature=0, top_k=-1, max_tokens=4)
     assert fields(completion_inputs(given, tok, LIMITS, qwen3)[0]) == (0, -1, 0.95, 4)
-    # the model's max_tokens caps a larger one asked for, as vLLM's does
+    # the model's max_tokens is a default, not a ceiling (vLLM #34063); the context still bounds both
     chat = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], max_tokens=30)
-    assert chat_inputs(chat, tok, LIMITS, qwen3)[0].params.max_tokens == 8
+    assert chat_inputs(chat, tok, LIMITS, qwen3)[0].params.max_tokens == 30
+    (unset,) = chat_inputs(ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}]), tok, LIMITS, qwen3)
+    assert unset.params.max_tokens == 8
+    (near,) = completion_inputs(CompletionRequest(prompt=[1] * 60, max_tokens=None), tok, LIMITS, qwen3)
+    assert near.params.max_tokens == 4  # what the context leaves, below the default
     (neutral,) = completion_inputs(CompletionRequest(prompt=[1]), tok, LIMITS, {})
     assert fields(neutral) == (1.0, -1, 1.0, 16)
 

@@ -263,7 +263,7 @@ def test_api_key_required(base_url):
 
 def test_unset_fields_take_the_checkpoints_generation_config(launch_server, tiny_checkpoint, tmp_path):
     """As vLLM's `--generation-config auto`: a checkpoint recommending greedy decoding and 3 tokens makes requests
-    that set neither greedy (two unseeded choices agree) and capped at 3 tokens."""
+    that set neither greedy (two unseeded choices agree) and 3 tokens long; a max_tokens asked for stands."""
     import shutil
 
     path = tmp_path / "ckpt"
@@ -271,10 +271,12 @@ def test_unset_fields_take_the_checkpoints_generation_config(launch_server, tiny
     (path / "generation_config.json").write_text(json.dumps({"temperature": 0.0, "max_new_tokens": 3}))
     _, url = launch_server("--set", f"model.path={path}", "--set", "model.tokenizer=builtin")
     client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
-    unset = client.completions.create(model="tiny", prompt=[1, 2, 3], n=2, max_tokens=50)
+    unset = client.completions.create(model="tiny", prompt=[1, 2, 3], n=2, extra_body={"max_tokens": None})
     greedy = client.completions.create(model="tiny", prompt=[1, 2, 3], temperature=0, max_tokens=3)
     assert [c.text for c in unset.choices] == [greedy.choices[0].text] * 2
     assert (unset.usage.completion_tokens, greedy.usage.completion_tokens) == (6, 3)
+    asked = client.completions.create(model="tiny", prompt=[1, 2, 3], max_tokens=5, extra_body={"ignore_eos": True})
+    assert asked.usage.completion_tokens == 5
 
 
 def test_tokenize_detokenize_and_version_routes(http, client):

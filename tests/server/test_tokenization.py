@@ -36,6 +36,10 @@ def test_text_and_chat_give_the_ids_a_request_would(state):
         ({}, "prompt"),
         ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "prompt"),
         ({"prompt": "a", "return_token_strs": True}, "return_token_strs"),
+        # vLLM's chat fields the chat endpoint refuses: ignored, the ids would be those of another prompt
+        ({"messages": [{"role": "user", "content": "b"}], "continue_final_message": True}, "continue_final_message"),
+        ({"messages": [{"role": "user", "content": "b"}], "tools": [{"type": "function"}]}, "tools"),
+        ({"messages": [{"role": "user", "content": "b"}], "chat_template": "{{ 'x' }}"}, "chat_template"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].type"),
     ],
 )
