@@ -92,23 +92,31 @@ class Runtime:
         """The model's tokenizer (tokenizer.load_tokenizer), loaded when first used."""
         return load_tokenizer(self.config.model)
 
-    def add_request(self, prompt: Prompt, params: SamplingParams, stream: bool = False) -> int:
+    def add_request(
+        self,
+        prompt: Prompt,
+        params: SamplingParams,
+        stream: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
+    ) -> int:
         """Queue a request and return its id; a bad request raises ValueError naming the parameter.
-        `prompt`: token ids, text, or chat messages (through the tokenizer's chat template). `stream`: report
-        its tokens step by step through take_updates()."""
-        prompt, params = self._validate(self._token_ids(prompt), params)
+        `prompt`: token ids, text, or chat messages (through the tokenizer's chat template, given
+        `chat_template_kwargs`: Qwen3's enable_thinking, as vLLM's LLM.chat takes them). `stream`: report its tokens
+        step by step through take_updates()."""
+        prompt, params = self._validate(self._token_ids(prompt, chat_template_kwargs or {}), params)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         req = Request(self._new_id(), prompt, params, seed=seed, stream=stream, arrival_time=time.perf_counter())
         self.scheduler.add(req)
         self._live[req.request_id] = req
         return req.request_id
 
-    def _token_ids(self, prompt: Prompt) -> object:
+    def _token_ids(self, prompt: Prompt, chat_template_kwargs: dict[str, Any]) -> object:
         """Text and chat messages through the tokenizer; anything else is checked as token ids."""
         if isinstance(prompt, str):
             return self.tokenizer.encode(check_text("prompt", prompt))
         if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            return self.tokenizer.encode(check_text("prompt", self.tokenizer.apply_chat_template(prompt)))
+            text = self.tokenizer.apply_chat_template(prompt, **chat_template_kwargs)
+            return self.tokenizer.encode(check_text("prompt", text))
         return prompt
 
     def abort(self, request_id: int) -> None:
@@ -222,11 +230,13 @@ class Runtime:
         prompts: Prompt | Seq[Prompt],
         params: SamplingParams | Seq[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        chat_template_kwargs: dict[str, Any] | None = None,
     ) -> list[RequestOutput]:
         """Run prompts (or one prompt: a text, token ids, chat messages) to completion. A rejected request comes
         back with `error` set and no tokens; the others are served as usual. Outputs are in the order of
-        `prompts`. `params`: one for all, one per prompt, or None for default_sampling_params(). Requests added
-        before keep running beside them; those that end meanwhile come with the next step()."""
+        `prompts`. `params`: one for all, one per prompt, or None for default_sampling_params();
+        `chat_template_kwargs`: for the chat prompts (add_request's). Requests added before keep running beside them;
+        those that end meanwhile come with the next step()."""
         if _one_prompt(prompts):
             prompts = [prompts]
         params = self.default_sampling_params() if params is None else params
@@ -238,7 +248,7 @@ class Runtime:
         ids = []
         for prompt, p in zip(prompts, per_request):
             try:
-                request_id = self.add_request(prompt, p)
+                request_id = self.add_request(prompt, p, chat_template_kwargs=chat_template_kwargs)
                 prompt_len = len(self._live[request_id].prompt)
                 budget[request_id] = min(p.max_tokens, self.config.engine.max_model_len - prompt_len)
             except ValueError as e:

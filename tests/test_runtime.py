@@ -237,6 +237,10 @@ def test_text_and_chat_prompts_go_through_the_tokenizer(make_runtime):
     assert [out.prompt_token_ids for out in by_text[:2]] == ids
     assert [out.token_ids for out in by_text[:2]] == [out.token_ids for out in rt.generate(ids, params)]
     assert by_text[2].error == "prompt is empty: a request needs at least one prompt token id"
+    # vLLM's LLM.chat takes the template's variables: Qwen3's enable_thinking=False pre-fills an empty think block
+    (direct,) = rt.generate([chat], params, chat_template_kwargs={"enable_thinking": False})
+    rendered = rt.tokenizer.apply_chat_template(chat, enable_thinking=False)
+    assert direct.prompt_token_ids == rt.tokenizer.encode(rendered) != ids[1] and rendered.endswith("</think>\n\n")
 
 
 def test_one_prompt_of_any_kind_and_chat_content_parts(make_runtime):
