@@ -54,6 +54,10 @@ UNSUPPORTED_CHAT = {
     "continue_final_message": (None, False),
     "chat_template": (None,),
 }
+TOKENIZE_UNSUPPORTED = {
+    "return_token_strs": (None, False),
+    **{name: UNSUPPORTED_CHAT[name] for name in ("tools", "continue_final_message", "chat_template")},
+}
 # Known to OpenAI's API, and no effect on the output: accepted without a word.
 METADATA = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key"})
 _warned: set[str] = set()
@@ -80,6 +84,21 @@ def unpaired_surrogate(body: dict) -> str | None:
                 return path  # the object holding it: the key itself cannot be written out
             todo.append((f"{path}.{key}".lstrip(".") if isinstance(key, str) else f"{path}[{key}]", item))
     return None
+
+
+def refuse_unless_off(data: dict, unsupported: dict[str, tuple]) -> None:
+    """A 400 naming the first field of `unsupported` that does not hold one of its off values."""
+    for name, value in data.items():
+        if name in unsupported:
+            off = [data.get("n", 1) if v is SAME_AS_N else v for v in unsupported[name]]
+            if value not in off:
+                accepted = " or ".join("n" if v is SAME_AS_N else json.dumps(v) for v in unsupported[name])
+                raise refused(name, f"{name} is not supported by this server (accepted only when off: {accepted})")
+
+
+def check_messages(messages: list[ChatMessage] | None) -> None:
+    for i, m in enumerate(messages or ()):
+        m.check_content(i)
 
 
 class _Request(BaseModel):
@@ -142,16 +161,11 @@ class _Request(BaseModel):
         if bad is not None:
             where = bad or "a field name"
             raise refused(bad, f"{where} is not valid Unicode: it holds an unpaired surrogate (e.g. \\ud800)")
-        for name, value in data.items():
-            if name in cls.unsupported:
-                off = [data.get("n", 1) if v is SAME_AS_N else v for v in cls.unsupported[name]]
-                if value not in off:
-                    accepted = " or ".join("n" if v is SAME_AS_N else json.dumps(v) for v in cls.unsupported[name])
-                    raise refused(name, f"{name} is not supported by this server (accepted only when off: {accepted})")
-            elif name not in cls.model_fields and name not in METADATA and name not in _warned:
-                if len(_warned) < _MAX_WARNED:
-                    _warned.add(name)
-                    log.warning("request field %r is not part of OpenAI's API: ignored", name)
+        refuse_unless_off(data, cls.unsupported)
+        for name in data.keys() - cls.unsupported.keys() - cls.model_fields.keys() - METADATA - _warned:
+            if len(_warned) < _MAX_WARNED:
+                _warned.add(name)
+                log.warning("request field %r is not part of OpenAI's API: ignored", name)
         return data
 
     def text_options(self) -> TextOptions:
@@ -207,8 +221,7 @@ class ChatCompletionRequest(_Request):
 
     @model_validator(mode="after")
     def _check_messages(self) -> ChatCompletionRequest:
-        for i, m in enumerate(self.messages):
-            m.check_content(i)
+        check_messages(self.messages)
         return self
 
 
@@ -229,22 +242,16 @@ class TokenizeRequest(BaseModel):
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise refused("prompt", "give either prompt or messages")
-        for i, m in enumerate(self.messages or ()):
-            m.check_content(i)
+        check_messages(self.messages)
         return self
 
     @model_validator(mode="before")
     @classmethod
     def _unsupported_refused(cls, data: Any) -> Any:
-        """vLLM's fields that change the ids (or the answer) but that this server does not implement: refused unless
-        off, as the chat endpoint refuses them, so the count is never one of a prompt other than the chat's."""
-        if not isinstance(data, dict):
-            return data
-        if data.get("return_token_strs"):
-            raise refused("return_token_strs", "return_token_strs is not supported by this server")
-        for name in ("tools", "continue_final_message", "chat_template"):
-            if name in data and data[name] not in UNSUPPORTED_CHAT[name]:
-                raise refused(name, f"{name} is not supported by this server")
+        """vLLM's fields that change the ids but that this server does not implement: refused unless off, as the
+        chat endpoint refuses them, so the count is never one of a prompt other than the chat's."""
+        if isinstance(data, dict):
+            refuse_unless_off(data, TOKENIZE_UNSUPPORTED)
         return data
 
 
