@@ -23,6 +23,9 @@ from typing import Any
 import numpy as np
 
 from qwen3_runtime import Runtime, SamplingParams
+from qwen3_runtime.params import RequestLimits
+from qwen3_runtime.server.inputs import chat_inputs, completion_inputs
+from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from qwen3_runtime.tokenizer import Tokenizer, detokenize
 from scripts.soak.client import Choice, Result
 
@@ -45,33 +48,18 @@ class Mismatch:
     want: object
 
 
-def engine_inputs(result: Result, tok: Tokenizer, defaults: dict[str, Any]) -> list[Item]:
-    """The engine requests the server made of this HTTP request (as server/inputs.py does), `defaults` the
-    Runtime's sampling_defaults."""
-    b, spec = result.spec.body, result.spec
-    if spec.route == "chat":
-        prompt = tok.encode(tok.apply_chat_template(b["messages"], True))
-        logprobs = (b.get("top_logprobs") or 0) if b.get("logprobs") else None
-        fields = dict(max_tokens=b["max_tokens"], logprobs=logprobs)
+def engine_inputs(result: Result, tok: Tokenizer, limits: RequestLimits, defaults: dict[str, Any]) -> list[Item]:
+    """The engine requests the server made of this HTTP request, by the server's own code (server/inputs.py);
+    `limits` and `defaults` the Runtime's. A greedy item asks for two logprobs at least, to see near-ties."""
+    body = result.spec.body
+    if result.spec.route == "chat":
+        inputs = chat_inputs(ChatCompletionRequest(**body), tok, limits, defaults)
     else:
-        prompt = spec.prompt_ids or tok.encode(b["prompt"])
-        prompt_logprobs, logprobs = b.get("prompt_logprobs"), b.get("logprobs")
-        if b.get("echo") and logprobs is not None:
-            prompt_logprobs = max(prompt_logprobs or 0, logprobs)
-        fields = dict(max_tokens=b["max_tokens"], logprobs=logprobs, prompt_logprobs=prompt_logprobs)
-    if fields["max_tokens"] is None:  # the model's default stands in for an unset one only, as in server/inputs.py
-        fields["max_tokens"] = defaults.get("max_tokens")
-    names = ("temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty")
-    names += ("repetition_penalty", "min_tokens")
-    sampling = {k: v for k, v in defaults.items() if k in names} | {k: b[k] for k in names if b.get(k) is not None}
-    sampling["logit_bias"] = {int(token): bias for token, bias in b.get("logit_bias", {}).items()}
+        inputs = completion_inputs(CompletionRequest(**body), tok, limits, defaults)
     items = []
-    for j in range(b.get("n", 1)):
-        seed = None if b.get("seed") is None else b["seed"] + j
-        params = SamplingParams(seed=seed, **sampling, **fields)
-        if params.greedy:
-            params = replace(params, logprobs=max(params.logprobs or 0, 2))
-        items.append(Item(result, j, list(prompt), params, fields["logprobs"]))
+    for j, x in enumerate(inputs):
+        params = replace(x.params, logprobs=max(x.params.logprobs or 0, 2)) if x.params.greedy else x.params
+        items.append(Item(result, j, x.prompt, params, x.params.logprobs))
     return items
 
 
@@ -217,7 +205,9 @@ def replay(
     comparer = Comparer(rt.tokenizer, tol, tie_tol)
     done = [r for r in results if r.spec.reproducible and r.outcome == "ok"]
     items = [
-        it for r in done[: limit if limit >= 0 else None] for it in engine_inputs(r, rt.tokenizer, rt.sampling_defaults)
+        it
+        for r in done[: limit if limit >= 0 else None]
+        for it in engine_inputs(r, rt.tokenizer, rt.limits, rt.sampling_defaults)
     ]
     for start in range(0, len(items), group):
         chunk = items[start : start + group]

@@ -7,6 +7,7 @@ from types import SimpleNamespace
 import pytest
 
 from qwen3_runtime.logprobs.reference import TokenLogprob
+from qwen3_runtime.params import RequestLimits
 from qwen3_runtime.tokenizer import Tokenizer
 from scripts.soak.client import Choice, Result
 from scripts.soak.replay import Comparer, Item, engine_inputs
@@ -36,7 +37,7 @@ def _served(tok: Tokenizer, ids: list[int], logprobs: int | None) -> Item:
         strings = tok.token_strings(ids)
         choice.logprobs = {"tokens": strings, "token_logprobs": [-1.0] * len(ids)}
         choice.logprobs["top_logprobs"] = [{s: -1.0} for s in strings]
-    [item] = engine_inputs(result, tok, {})
+    [item] = engine_inputs(result, tok, RequestLimits(tok.vocab_size, 64, 5), {})
     return item
 
 
