@@ -79,8 +79,11 @@ def read_architecture(path: str | Path) -> ArchitectureConfig:
     except ConfigError as e:
         raise ConfigError(f"{config_file}: {e}") from None
     own = _eos_ids(arch.eos_token_id)
-    extra = [t for t in _generation_eos(directory, arch.vocab_size) if t not in own]
-    return dataclasses.replace(arch, eos_token_id=own + extra) if extra else arch
+    extra = [t for t in _generation_eos(directory) if t not in own]
+    try:  # the ids are checked against the vocabulary again
+        return dataclasses.replace(arch, eos_token_id=own + extra) if extra else arch
+    except ConfigError as e:
+        raise ConfigError(f"{directory / 'generation_config.json'}: {e}") from None
 
 
 def _read_json(file: Path, error: type[ValueError] = ConfigError) -> dict:
@@ -119,7 +122,7 @@ def _eos_ids(value: int | list[int] | None) -> list[int]:
     return [] if value is None else list(value) if isinstance(value, list) else [value]
 
 
-def _generation_eos(directory: Path, vocab_size: int) -> list[int]:
+def _generation_eos(directory: Path) -> list[int]:
     """generation_config.json's eos_token_id (an id or a list), or [] without that file."""
     file = directory / "generation_config.json"
     if not file.is_file():
@@ -127,8 +130,6 @@ def _generation_eos(directory: Path, vocab_size: int) -> list[int]:
     ids = _eos_ids(_read_json(file).get("eos_token_id"))
     if not all(isinstance(t, int) and not isinstance(t, bool) for t in ids):
         raise ConfigError(f"{file}: eos_token_id={ids!r} is invalid: expected an int or a list of int")
-    if not all(0 <= t < vocab_size for t in ids):
-        raise ConfigError(f"{file}: eos_token_id={ids!r} is out of range: each id must be in [0, {vocab_size})")
     return ids
 
 
