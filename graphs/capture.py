@@ -31,14 +31,22 @@ def token_buckets(max_tokens: int) -> list[int]:
 class StepGraphs:
     """`step(padded_rows, variant)` must only read inputs from, and write results to, static buffers; what it
     returns is kept at capture and returned again by every replay. A tensor it allocates in the shared pool is
-    held there once per graph: large results belong in a static buffer (a view of it costs nothing)."""
+    held there once per graph: large results belong in a static buffer (a view of it costs nothing).
+    `variants`: the same for every bucket, or a function giving each bucket's."""
 
-    def __init__(self, step: Step, buckets: Sequence[int], variants: Sequence[Hashable] = (None,)) -> None:
+    def __init__(
+        self,
+        step: Step,
+        buckets: Sequence[int],
+        variants: Sequence[Hashable] | Callable[[int], Sequence[Hashable]] = (None,),
+    ) -> None:
         if not buckets or min(buckets) < 1:
             raise ValueError(f"buckets={list(buckets)!r} is invalid: need at least one size >= 1")
         self.step = step
         self.buckets = sorted(set(buckets))
-        self.variants = list(variants)
+        self.variants_of: Callable[[int], Sequence[Hashable]] = (
+            variants if callable(variants) else lambda _, every=list(variants): every
+        )
         self.graphs: dict[tuple[int, Hashable], tuple[torch.cuda.CUDAGraph, Any]] = {}
 
     def padded_size(self, num_rows: int) -> int:
@@ -49,8 +57,11 @@ class StepGraphs:
     def capture(self) -> None:
         """Largest bucket first, so smaller graphs reuse its memory in the one shared pool."""
         pool = torch.cuda.graph_pool_handle()
-        for variant in self.variants:
+        variants = dict.fromkeys(v for bucket in self.buckets for v in self.variants_of(bucket))
+        for variant in variants:
             for padded_rows in reversed(self.buckets):
+                if variant not in self.variants_of(padded_rows):
+                    continue
                 for _ in range(WARMUP_RUNS):
                     self.step(padded_rows, variant)
                 torch.cuda.synchronize()
@@ -65,8 +76,9 @@ class StepGraphs:
         padded_rows = self.padded_size(num_rows)
         captured = self.graphs.get((padded_rows, variant))
         if captured is None:
-            if self.graphs and variant not in self.variants:
-                raise KeyError(f"variant {variant!r} was not captured (variants: {self.variants})")
+            variants = self.variants_of(min(padded_rows, self.buckets[-1]))
+            if self.graphs and variant not in variants:
+                raise KeyError(f"variant {variant!r} was not captured for {padded_rows} rows (variants: {variants})")
             return self.step(padded_rows, variant)
         graph, outputs = captured
         graph.replay()

@@ -24,7 +24,7 @@ from qwen3_runtime.logprobs.host_path import LogprobsRouting, full_row_logprob
 from qwen3_runtime.logprobs.prompt import NOT_FINITE, PromptLogprobs, ScoredSpan
 from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops import cdiv, num_sms
-from qwen3_runtime.ops.decode_attention import default_num_splits
+from qwen3_runtime.ops.decode_attention import LONG_ROW_TOKENS, default_num_splits, long_row_splits
 from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.packing import pack, packed_width
 from qwen3_runtime.params import SamplingParams
@@ -99,9 +99,13 @@ class ModelRunner:
         # The decode step's logits: static, so every graph's output is this one buffer rather than logits of its
         # own held in the shared pool (they would add up over the buckets and variants).
         self.logits = torch.empty(max_rows, vocab, dtype=torch.float32, device=self.device)
-        variants = [(variant, penalized) for variant in (GREEDY, RANDOM, SELECT, SORT) for penalized in (False, True)]
         buckets = engine.cuda_graph_buckets or default_buckets(max_rows)
-        self.graphs = StepGraphs(self._decode_step, buckets, variants=variants)
+        kv_heads, sms = model.config.num_key_value_heads, num_sms(self.device)
+        # Buckets of few rows attend to a long row with more splits, in graphs of their own.
+        self.long_row_splits = {
+            b: splits for b in buckets if (splits := long_row_splits(b, kv_heads, self.max_model_len, sms))
+        }
+        self.graphs = StepGraphs(self._decode_step, buckets, variants=self._decode_variants)
         self.prefill_graphs = StepGraphs(
             self._prefill_forward, token_buckets(min(max_tokens, engine.prefill_graph_max_tokens))
         )
@@ -134,7 +138,8 @@ class ModelRunner:
         flight) takes as input the token that step samples for it, read on the device."""
         padded_rows = self.graphs.padded_size(len(reqs))
         self.stager.stage(reqs, padded_rows, _previous_rows(reqs, previous))
-        lp_logits = self.graphs.run(len(reqs), (_variant(reqs, self.logprobs_mode), _penalized(reqs)))
+        long_rows = padded_rows in self.long_row_splits and max(req.num_tokens for req in reqs) >= LONG_ROW_TOKENS
+        lp_logits = self.graphs.run(len(reqs), (_variant(reqs, self.logprobs_mode), _penalized(reqs), long_rows))
         self.stats.decode_steps += 1
         return self._copy_out(reqs, lp_logits)
 
@@ -196,17 +201,24 @@ class ModelRunner:
     def _prefill_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden, invariant=self.batch_invariant)
 
-    def _decode_step(self, padded_rows: int, key: tuple[str, bool]) -> torch.Tensor:
-        """The captured step, one per (variant, penalized): reads only static inputs (and the penalties' state),
+    def _decode_variants(self, padded_rows: int) -> list[tuple[str, bool, bool]]:
+        """The decode step's graph keys for a bucket: (sampling variant, penalized, long rows)."""
+        lengths = (False, True) if padded_rows in self.long_row_splits else (False,)
+        return [(v, p, long) for v in (GREEDY, RANDOM, SELECT, SORT) for p in (False, True) for long in lengths]
+
+    def _decode_step(self, padded_rows: int, key: tuple[str, bool, bool]) -> torch.Tensor:
+        """The captured step, one per _decode_variants key: reads only static inputs (and the penalties' state),
         writes its results into `self.outputs.latest`."""
-        variant, penalized = key
+        variant, penalized, long_rows = key
         inp, rows = self.stager.inputs, slice(padded_rows)
         kv_heads = self.model.config.num_key_value_heads
         meta = AttentionMetadata(
             slot_mapping=inp.slot_mapping[rows],
             block_tables=inp.block_tables[rows],
             seq_lens=inp.seq_lens[rows],
-            num_splits=default_num_splits(padded_rows, kv_heads, self.max_model_len, num_sms(self.device)),
+            num_splits=self.long_row_splits[padded_rows]
+            if long_rows
+            else default_num_splits(padded_rows, kv_heads, self.max_model_len, num_sms(self.device)),
             split_arrivals=self.split_arrivals[rows],
         )
         fed_from = self._fed_from(inp.prev_row[rows])

@@ -53,7 +53,7 @@ def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int, logpro
     times = []
     for _ in range(replays):
         begin.record()
-        graphs.run(batch, (GREEDY, False))
+        graphs.run(batch, (GREEDY, False, False))
         end.record()
         end.synchronize()
         times.append(begin.elapsed_time(end))
@@ -62,7 +62,7 @@ def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int, logpro
     profiled = 5
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(profiled):
-            graphs.run(batch, (GREEDY, False))
+            graphs.run(batch, (GREEDY, False, False))
         torch.cuda.synchronize()
     events = [e for e in trace_events(prof) if e.get("cat") == "kernel"]
     per_family = collections.defaultdict(lambda: [0, 0.0])

@@ -94,11 +94,11 @@ def timeline(rt: Runtime, batch: int, prompt_len: int, decode_steps: int) -> dic
     start_batch(rt, batch, prompt_len, decode_steps)  # decode_steps: the context the profile sees
     graphs = rt.runner.graphs
     for _ in range(3):
-        graphs.run(batch, (GREEDY, False))
+        graphs.run(batch, (GREEDY, False, False))
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(6):
-            graphs.run(batch, (GREEDY, False))
+            graphs.run(batch, (GREEDY, False, False))
         torch.cuda.synchronize()
     finish_batch(rt)
     return {"batch": batch, "context": prompt_len + decode_steps, **critical_path(trace_events(prof))}

@@ -28,6 +28,30 @@ def test_padding_and_eager_fallback():
         StepGraphs(lambda b, v: None, [])
 
 
+def test_variants_may_differ_by_bucket():
+    calls = []
+    long_in_small = lambda bucket: ["short", "long"] if bucket <= 2 else ["short"]  # noqa: E731
+    graphs = StepGraphs(lambda batch, variant: calls.append((batch, variant)) or batch, [1, 2, 8], long_in_small)
+    assert graphs.variants_of(2) == ["short", "long"] and graphs.variants_of(8) == ["short"]
+    assert graphs.run(2, "long") == 2 and graphs.run(5, "short") == 8
+    assert calls == [(2, "long"), (8, "short")]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_variant_of_some_buckets_is_captured_for_those_only():
+    x = torch.arange(8.0, device="cuda")
+
+    graphs = StepGraphs(
+        lambda batch, variant: x[:batch] * len(variant), [2, 8], lambda b: ["ab", "abc"] if b == 2 else ["ab"]
+    )
+    graphs.capture()
+    assert set(graphs.graphs) == {(2, "ab"), (2, "abc"), (8, "ab")}
+    assert graphs.run(1, "abc").tolist() == [0.0, 3.0] and graphs.run(5, "ab").tolist() == [2.0 * i for i in range(8)]
+    with pytest.raises(KeyError, match="not captured for 8 rows"):
+        graphs.run(5, "abc")
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_replay_reads_the_current_inputs():

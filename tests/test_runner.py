@@ -165,6 +165,33 @@ def test_a_batch_without_top_k_or_top_p_skips_the_sort(make_runtime, tiny_checkp
     assert skipped[1].logprobs == sorted_[1].logprobs
 
 
+def test_a_long_row_in_a_small_batch_takes_the_graphs_with_more_splits(make_runtime, tiny_checkpoint, monkeypatch):
+    """The same tokens and logprobs as with the default splits (the kernels in the interpreter): 2 splits of the
+    100-token row's 4 tiles, against 4 of the long rows' 16."""
+    from qwen3_runtime import runner
+    from qwen3_runtime.ops import decode_attention
+
+    monkeypatch.setattr(runner, "num_sms", lambda device: 16)  # long rows: 16 splits for one row of 2 KV heads
+    monkeypatch.setattr(decode_attention, "FEW_PAIRS_SPLITS", 2)
+    prompt = [(7 * i) % 500 for i in range(100)]
+    params = SamplingParams(max_tokens=3, temperature=0, ignore_eos=True, logprobs=3)
+    overrides = dict(triton_kernels=True, engine__cuda_graph_buckets=[1, 2])
+    default = make_runtime(tiny_checkpoint, **overrides)
+    assert default.runner.long_row_splits == {}  # no row reaches LONG_ROW_TOKENS
+    expected = default.generate([prompt], params)[0]
+    for module in (runner, decode_attention):
+        monkeypatch.setattr(module, "LONG_ROW_TOKENS", 90)
+    rt = make_runtime(tiny_checkpoint, **overrides)
+    assert rt.runner.long_row_splits == {1: 16, 2: 8}
+    keys, run = [], rt.runner.graphs.run
+    monkeypatch.setattr(rt.runner.graphs, "run", lambda rows, key: keys.append(key) or run(rows, key))
+    out = rt.generate([prompt], params)[0]
+    assert len(keys) == params.max_tokens - 1 and all(long_rows for _, _, long_rows in keys)
+    assert out.token_ids == expected.token_ids
+    for a, b in zip(out.logprobs, expected.logprobs):
+        _assert_close(a, b)
+
+
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
 def test_top_k_rows_select_instead_of_sorting_with_the_same_results(make_runtime, tiny_checkpoint, monkeypatch, top_p):
     from qwen3_runtime import runner
@@ -407,7 +434,7 @@ def test_graph_eager_and_host_paths_agree(config):
         rt = _gpu_runtime(config, **overrides)
         runs[name] = _run_joining(rt, _gpu_requests(rt.vocab_size))
         if overrides.get("engine.cuda_graphs", True):  # greedy, random, top_k, filtered x penalized or not
-            assert len(rt.runner.graphs.graphs) == 8 * len(rt.runner.graphs.buckets)
+            assert len(rt.runner.graphs.graphs) == 8 * len(rt.runner.graphs.buckets)  # no long rows at this length
             # Every graph's output is the one static logits buffer: none holds logits of its own in the pool.
             assert {out.data_ptr() for _, out in rt.runner.graphs.graphs.values()} == {rt.runner.logits.data_ptr()}
             assert len(rt.runner.prefill_graphs.graphs) == len(rt.runner.prefill_graphs.buckets)
@@ -481,3 +508,23 @@ def test_long_prompt_logprobs_equal_the_host_reference_in_bounded_memory():
     assert len(outs[0].prompt_logprobs) == 1024
     for a, b in zip(outs[0].prompt_logprobs[1:], ref.prompt_logprobs[1:]):
         _assert_close(a, b)
+
+
+@pytest.mark.gpu
+@gpu
+def test_a_long_row_replays_its_own_graphs_as_eager_runs_them():
+    """Past LONG_ROW_TOKENS one row decodes with more attention splits, in graphs of its own: the same results."""
+    from qwen3_runtime.ops.decode_attention import LONG_ROW_TOKENS
+
+    overrides = {"engine.max_model_len": 2 * LONG_ROW_TOKENS, "engine.cuda_graph_buckets": [1, 2, 4]}
+    prompt = torch.randint(0, 1000, (LONG_ROW_TOKENS + 50,), generator=torch.Generator().manual_seed(2)).tolist()
+    params = SamplingParams(max_tokens=8, temperature=0, ignore_eos=True, logprobs=5)
+    graphs = _gpu_runtime("qwen3-0.6b", **overrides)
+    assert 1 in graphs.runner.long_row_splits  # an H100 or H200: 32 splits for one row of 8 KV heads
+    captured = sum(len(graphs.runner.graphs.variants_of(b)) for b in graphs.runner.graphs.buckets)
+    assert len(graphs.runner.graphs.graphs) == captured == 8 * (3 + len(graphs.runner.long_row_splits))
+    out = graphs.generate([prompt], params)[0]
+    eager = _gpu_runtime("qwen3-0.6b", **overrides, **{"engine.cuda_graphs": False}).generate([prompt], params)[0]
+    assert out.token_ids == eager.token_ids
+    for a, b in zip(out.logprobs, eager.logprobs):
+        assert (a.token_id, a.rank, a.top_ids, a.logprob) == (b.token_id, b.rank, b.top_ids, b.logprob)

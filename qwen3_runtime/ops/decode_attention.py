@@ -38,6 +38,10 @@ PROGRAMS_PER_SM = 2
 FEW_PAIRS_SPLITS = 8
 # Beyond this the per-split overhead (q load, partial write, merge) outweighs the parallelism.
 MAX_SPLITS = 32
+# From this many tokens a row is long: FEW_PAIRS_SPLITS splits of it leave most SMs idle while a few stream its
+# K/V. A batch of few rows with a long one takes graphs of its own (long_row_splits): more splits in the one
+# graph would cost short rows the empty programs.
+LONG_ROW_TOKENS = 4096
 # Partials the last split loads at once, (head, split) pairs: bounds its registers.
 MERGE_TILE = 64
 # Software-pipeline depth of the split's K/V loop. Where o_proj preloads its weights during attention
@@ -285,6 +289,17 @@ def default_num_splits(
         wanted = math.ceil((programs_per_sm or PROGRAMS_PER_SM) * num_sms / pairs)
     useful = math.ceil(max_seq_len / BLOCK_N)
     return max(1, min(wanted, useful, MAX_SPLITS))
+
+
+def long_row_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sms: int) -> int | None:
+    """Splits per (row, KV head) for a step whose longest row has LONG_ROW_TOKENS or more: enough for about
+    PROGRAMS_PER_SM programs an SM, where that is at least twice default_num_splits' (a row or two of
+    Qwen3's eight KV heads); None where the default serves long rows as well, or where rows reach
+    LONG_ROW_TOKENS only as their last token."""
+    if max_seq_len <= LONG_ROW_TOKENS:
+        return None
+    splits = min(math.ceil(PROGRAMS_PER_SM * num_sms / (batch_size * num_kv_heads)), MAX_SPLITS)
+    return splits if splits >= 2 * default_num_splits(batch_size, num_kv_heads, max_seq_len, num_sms) else None
 
 
 def paged_decode_attention(

@@ -5,9 +5,11 @@ from qwen3_runtime.ops import decode_attention
 from qwen3_runtime.ops.decode_attention import (
     BLOCK_N,
     FEW_PAIRS_SPLITS,
+    LONG_ROW_TOKENS,
     MAX_SPLITS,
     decode_workspace,
     default_num_splits,
+    long_row_splits,
     paged_decode_attention,
     paged_decode_attention_reference,
 )
@@ -142,6 +144,15 @@ def test_default_num_splits_fills_the_gpu_only_when_rows_are_few():
     assert default_num_splits(batch_size=8, num_kv_heads=8, max_seq_len=40960, num_sms=132, programs_per_sm=4) == 9
     # Never more splits than tiles in the longest row.
     assert default_num_splits(batch_size=1, num_kv_heads=8, max_seq_len=BLOCK_N + 8, num_sms=132) == 2
+
+
+def test_long_rows_get_more_splits_only_where_the_rows_are_few():
+    """Two programs an SM where that at least doubles the default's splits: a row or two of eight KV heads."""
+    assert long_row_splits(batch_size=1, num_kv_heads=8, max_seq_len=40960, num_sms=132) == MAX_SPLITS
+    assert long_row_splits(batch_size=2, num_kv_heads=8, max_seq_len=40960, num_sms=132) == 17
+    assert long_row_splits(batch_size=4, num_kv_heads=8, max_seq_len=40960, num_sms=132) is None  # 9 against 8
+    assert long_row_splits(batch_size=64, num_kv_heads=8, max_seq_len=40960, num_sms=132) is None
+    assert long_row_splits(batch_size=1, num_kv_heads=8, max_seq_len=LONG_ROW_TOKENS, num_sms=132) is None
 
 
 def _real_shape_inputs(batch, generator):
