@@ -82,7 +82,8 @@ def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:
     rt = Runtime.from_yaml(
         args.config,
         overrides={
-            "engine.max_model_len": 1024,
+            # Long prompts (--prompt-len) measure long-context decode, the long rows' graphs included.
+            "engine.max_model_len": max(1024, args.prompt_len + args.max_tokens),
             "engine.max_num_seqs": max(args.batch),
             "engine.cuda_graphs": mode != "eager",
             "engine.async_scheduling": mode == "graph-async",
