@@ -295,7 +295,8 @@ def long_row_splits(batch_size: int, num_kv_heads: int, max_seq_len: int, num_sm
     """Splits per (row, KV head) for a step whose longest row has LONG_ROW_TOKENS or more: enough for about
     PROGRAMS_PER_SM programs an SM, where that is at least three times default_num_splits' (one row of Qwen3's
     eight KV heads); None where it is not, or where rows reach LONG_ROW_TOKENS only as their last token.
-    Measured: at two rows, where the default grid is about one program an SM, doubling it lost up to 8k tokens."""
+    Not twice: at two rows the default grid is already about a program an SM, and doubling it did not pay
+    (docs/BENCHMARKS.md, long contexts)."""
     if max_seq_len <= LONG_ROW_TOKENS:
         return None
     splits = min(math.ceil(PROGRAMS_PER_SM * num_sms / (batch_size * num_kv_heads)), MAX_SPLITS)
