@@ -26,9 +26,10 @@ from qwen3_runtime.ops import num_sms, pdl_launch, use_triton
 from qwen3_runtime.ops.invariant_linear import invariant_linear
 from qwen3_runtime.ops.norms import silu_mul
 
-# Up to this many rows the skinny kernel beats cuBLAS on Qwen3-4B's projections (scripts/bench_kernels.py);
-# on the narrow ones (o_proj, down_proj: split-K partials) up to PARTIALS_MAX_ROWS.
-SKINNY_MAX_ROWS, PARTIALS_MAX_ROWS = 64, 128
+# Up to SKINNY_MAX_ROWS rows the skinny kernel beats cuBLAS on Qwen3-4B's projections (scripts/bench_kernels.py).
+# Up to FUSED_MAX_ROWS it keeps those whose output it hands on fused: o_proj and down_proj (split-K partials the
+# next norm adds) and gate/up (the SiLU in its epilogue spares cuBLAS's product a silu_mul).
+SKINNY_MAX_ROWS, FUSED_MAX_ROWS = 64, 128
 BLOCK_N, BLOCK_K = 64, 128
 # Above 32 rows (64-row tiles of x): four stages, and K-tiles of 64 for gate/up, whose epilogue holds both
 # halves (tuned over tile shapes, 3-4 stages, at 64 and 128 rows).
@@ -56,6 +57,10 @@ class Tiles(NamedTuple):
     block_k: int
     num_warps: int = 4
     num_stages: int | None = None
+
+
+# gate/up past SKINNY_MAX_ROWS: 128 weight rows a tile, so that x is re-read through L2 half as often as with 64.
+GATED_WIDE_TILES = Tiles(128, 64, 4, 3)
 
 
 @triton.jit
@@ -245,7 +250,7 @@ def gated_linear(
     """silu(x @ W_gate^T) * (x @ W_up^T) for the fused weight [2I, K] (gate rows, then up rows) -> [T, I].
     In the skinny kernel's epilogue, so a step of few rows launches no separate silu_mul. dependents_early: see
     mlp_partials."""
-    if not _skinny(x, invariant):
+    if not _skinny(x, invariant, FUSED_MAX_ROWS):
         return silu_mul(_dense(x, gate_up_weight, invariant))
     out = torch.empty(x.shape[0], gate_up_weight.shape[0] // 2, dtype=x.dtype, device=x.device)
     _launch(
@@ -256,6 +261,7 @@ def gated_linear(
         gated=True,
         prefetch_tiles=_prefetch_tiles(gate_up_weight),
         dependents_early=dependents_early,
+        tiles=GATED_WIDE_TILES if x.shape[0] > SKINNY_MAX_ROWS else None,
     )
     return out
 
@@ -274,7 +280,7 @@ def linear_partials(
     stages, faster than 4 equal slices (160 programs of 4 stages), which leave some SMs two programs.
     launched_early: the kernel before lets this one launch as it starts, so each program requests its
     slice's first weight tile of each row before its wait."""
-    if not _skinny(x, invariant, PARTIALS_MAX_ROWS):
+    if not _skinny(x, invariant, FUSED_MAX_ROWS):
         return _dense(x, weight, invariant)[None]
     n, k = weight.shape
     if splits is None:

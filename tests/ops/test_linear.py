@@ -33,7 +33,7 @@ def test_partials_add_up_to_the_product(splits, n, k, rows):
     _close(parts.sum(0), x, weight)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 17, 40])
+@pytest.mark.parametrize("rows", [1, 3, 17, 40, 70])  # 40: the wide tiles past 32 rows; 70: 128 weight rows a tile
 @pytest.mark.parametrize("n,k", [(64, 128), (40, 200)])  # whole tiles / ragged columns and K
 def test_gated_linear_is_silu_of_gate_times_up(rows, n, k):
     gen = torch.Generator().manual_seed(rows + n)
@@ -103,15 +103,15 @@ def test_prefetch_is_about_prefetch_bytes_in_whole_tiles_inside_the_row(monkeypa
 
 
 def test_larger_batches_and_empty_ones_go_to_the_library(monkeypatch):
-    x, weight = torch.randn(linear_module.PARTIALS_MAX_ROWS + 1, 32), torch.randn(16, 32)
+    x, weight = torch.randn(linear_module.FUSED_MAX_ROWS + 1, 32), torch.randn(16, 32)
     monkeypatch.setattr(linear_module, "_launch", None)  # any skinny launch would fail
     wide = x[: linear_module.SKINNY_MAX_ROWS + 1]
     _close(linear(wide, weight), wide, weight)
     assert linear_partials(x, weight).shape == (1, x.shape[0], 16)
     assert linear(x[:0], weight).shape == (0, 16)
     gate_up = torch.randn(32, 32)
-    ref = silu_mul_reference(wide.double() @ gate_up.double().t())
-    torch.testing.assert_close(gated_linear(wide, gate_up).double(), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
+    ref = silu_mul_reference(x.double() @ gate_up.double().t())
+    torch.testing.assert_close(gated_linear(x, gate_up).double(), ref, rtol=1e-5, atol=1e-6 * ref.abs().max().item())
 
 
 @pytest.mark.gpu
