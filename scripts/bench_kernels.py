@@ -29,7 +29,7 @@ from qwen3_runtime.params import MAX_LOGIT_BIAS
 from qwen3_runtime.runner import TOP_K_CAP
 from qwen3_runtime.sampler import SamplingTensors, filter_cutoffs, sample_raw, sample_selected
 from scripts.report import environment
-from scripts.timing import copy_bandwidth, graph_us_per_call, read_bandwidth
+from scripts.timing import graph_us_per_call, read_bandwidth, stream_bandwidths
 
 # Qwen3-4B: (name, out_features, in_features)
 SHAPES = [("qkv", 6144, 2560), ("o", 2560, 4096), ("gate_up", 19456, 2560), ("down", 2560, 9728)]
@@ -258,12 +258,19 @@ def tile_rows(batches: list[int]) -> list[dict]:
 
 
 def balance_rows(batches: list[int], bandwidth: float) -> list[dict]:
-    """The skinny kernel's weight bandwidth against its programs per SM: gate/up (gated, whole K) and down_proj
-    (split-K partials) at their own K, their weight rows scaled so that a launch holds 1-4 programs an SM, beside
-    the real shape's count (gate/up's 304 programs, down_proj's 120 in three slices of K)."""
+    """The skinny kernel's weight bandwidth against its programs per SM, beside cuBLAS at the same shape: gate/up
+    (gated, whole K) in 64-, 128- and 256-row weight tiles, its weight rows scaled so that a launch holds exactly
+    1-3 programs an SM, and at its real size; down_proj (split-K partials) at its own K. The balanced launches
+    bound what any tiling could stream at these rows."""
     rows, sms = [], torch.cuda.get_device_properties(0).multi_processor_count
-    launches = [("gate_up", 2 * 32 * p, 2560, Tiles(64, 64, 4, 4), 1, True) for p in (sms, 2 * sms, 3 * sms, 4 * sms)]
-    launches += [("gate_up", 19456, 2560, Tiles(64, 64, 4, stages), 1, True) for stages in (3, 4)]
+    wide = [Tiles(64, 64, 4, 4), Tiles(128, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(256, 64, 8, 3)]
+    launches = [
+        ("gate_up", n, 2560, tiles, 1, True)
+        for tiles in wide
+        for n in [tiles.block_n * sms * p for p in (1, 2, 3)] + [19456]
+    ]
+    launches += [("gate_up", 2 * 32 * 4 * sms, 2560, Tiles(64, 64, 4, 4), 1, True)]
+    launches += [("gate_up", 19456, 2560, Tiles(64, 64, 4, 3), 1, True)]
     launches += [("down", n, 9728, Tiles(64, 128), splits, False) for n, splits in ((2560, 3), (2560, 6))]
     launches += [("down", 64 * sms // 3, 9728, Tiles(64, 128), 3, False)]
     for m, (name, n, k, tiles, splits, gated) in itertools.product(batches, launches):
@@ -271,14 +278,17 @@ def balance_rows(batches: list[int], bandwidth: float) -> list[dict]:
         x = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         out, launch = _skinny_launch(x, weights[0], tiles, splits, gated)
         us = graph_us_per_call(launch, weights)
+        cublas_us = graph_us_per_call(lambda w: torch.mm(x, w.t()), weights)
         slices = out.shape[0] if out.dim() == 3 else 1  # the split count once no slice of K is empty
         programs = triton.cdiv(out.shape[-1], tiles.block_n // 2 if gated else tiles.block_n) * slices
         row = {"shape": name, "m": m, "n": n, "k": k, **tiles._asdict(), "splits": slices, "programs": programs,
-               "us": us, "of_copy": n * k * 2 / (us * 1e-6) / bandwidth}  # fmt: skip
+               "us": us, "of_bandwidth": n * k * 2 / (us * 1e-6) / bandwidth, "cublas_us": cublas_us,
+               "cublas_of_bandwidth": n * k * 2 / (cublas_us * 1e-6) / bandwidth}  # fmt: skip
         rows.append(row)
         print(
             f"{name:8s} m={m:3d} n={n:6d} {tiles} splits={slices}: {programs:4d} programs "
-            f"({programs / sms:4.2f} an SM) {us:6.1f} us, weights at {100 * row['of_copy']:4.1f}% of the copy bandwidth",
+            f"({programs / sms:4.2f} an SM) {us:6.1f} us, weights at {100 * row['of_bandwidth']:4.1f}% of the "
+            f"bandwidth; cuBLAS {cublas_us:6.1f} us, {100 * row['cublas_of_bandwidth']:4.1f}%",
             flush=True,
         )
         del weights
@@ -299,8 +309,9 @@ def main() -> None:
     parser.add_argument("--tile-rows", type=int, nargs="+", default=[64, 128])
     parser.add_argument("--out", type=Path, default=Path("."))
     args = parser.parse_args()
-    bandwidth = copy_bandwidth()
-    result = {"copy_bandwidth_bytes_s": bandwidth, **environment()}
+    bandwidths = stream_bandwidths()
+    bandwidth = bandwidths["bandwidth_bytes_s"]
+    result = {**bandwidths, **environment()}
     if "gemm" in args.parts:
         result["gemm"] = gemm_rows(args.batch, bandwidth)
     if "attention" in args.parts:
