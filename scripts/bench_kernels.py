@@ -259,9 +259,9 @@ def tile_rows(batches: list[int]) -> list[dict]:
 
 def balance_rows(batches: list[int], bandwidth: float) -> list[dict]:
     """The skinny kernel's weight bandwidth against its programs per SM, beside cuBLAS at the same shape (the plain
-    product, without gate/up's silu_mul): gate/up (gated, whole K) in 64-, 128- and 256-row weight tiles, its weight rows scaled so that a launch holds exactly
-    1-3 programs an SM, and at its real size; down_proj (split-K partials) at its own K. The balanced launches
-    bound what any tiling could stream at these rows."""
+    product, without gate/up's silu_mul): gate/up (gated, whole K) in 64-, 128- and 256-row weight tiles, its
+    weight rows scaled so that a launch holds exactly 1-3 programs an SM, and at its real size; down_proj (split-K
+    partials) at its own K. The balanced launches bound what any tiling could stream at these rows."""
     rows, sms = [], torch.cuda.get_device_properties(0).multi_processor_count
     wide = [Tiles(64, 64, 4, 4), Tiles(128, 64, 4, 3), Tiles(128, 64, 8, 3), Tiles(256, 64, 8, 3)]
     launches = [
