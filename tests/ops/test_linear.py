@@ -131,7 +131,7 @@ def test_bf16_projections_of_qwen3_4b_on_the_gpu(rows):
             assert (gated.float() - unfused.float()).abs().max() <= 1e-2 * unfused.float().abs().max()
 
 
-@pytest.mark.parametrize("rows", [1, 33])  # the narrow tiles and the wide ones past WIDE_ROWS
+@pytest.mark.parametrize("rows", [1, 33, 70])  # narrow tiles; wide ones past WIDE_ROWS; gate/up's past SKINNY_MAX_ROWS
 @pytest.mark.parametrize("n,k", [(1, 1), (65, 129)])  # one column of one element; one past whole tiles
 def test_every_output_is_written(monkeypatch, rows, n, k):
     """Outputs and partials start as NaN, through linear, gated_linear and linear_partials (split K)."""
