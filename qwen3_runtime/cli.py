@@ -127,9 +127,10 @@ def _int_in(lo: int, hi: int | None):
 
 def _serve(args: argparse.Namespace) -> int:
     """The server runs until interrupted; a bad config, an address it cannot listen on or a Runtime that cannot be
-    built exits 2."""
+    built exits 2, an engine process that died while serving exits 1."""
+    # FastAPI and uvicorn only for this command
     from qwen3_runtime.server.engine_client import EngineStartError
-    from qwen3_runtime.server.launch import ListenError, serve  # FastAPI and uvicorn only for this command
+    from qwen3_runtime.server.launch import EngineDiedError, ListenError, serve
 
     try:
         overrides = dict(parse_override(s) for s in args.set)
@@ -139,6 +140,9 @@ def _serve(args: argparse.Namespace) -> int:
     except (*USER_ERRORS, EngineStartError, ListenError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except EngineDiedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 
