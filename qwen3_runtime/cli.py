@@ -101,6 +101,14 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         help="a larger request body is a 413; default: 4 MiB",
     )
     serve.add_argument(
+        "--max-choices-per-request",
+        type=_int_in(1, None),
+        default=128,
+        metavar="N",
+        help="a request asking for more choices (prompts x n) is a 400, so one client cannot queue unbounded work; "
+        "default: 128 (OpenAI's cap on n)",
+    )
+    serve.add_argument(
         "--served-model-name",
         default=None,
         metavar="NAME",
@@ -135,7 +143,14 @@ def _serve(args: argparse.Namespace) -> int:
     try:
         overrides = dict(parse_override(s) for s in args.set)
         serve(
-            args.config, overrides, args.host, args.port, args.api_key, args.max_request_bytes, args.served_model_name
+            args.config,
+            overrides,
+            args.host,
+            args.port,
+            args.api_key,
+            args.max_request_bytes,
+            args.served_model_name,
+            args.max_choices_per_request,
         )
     except (*USER_ERRORS, EngineStartError, ListenError) as e:
         print(f"error: {e}", file=sys.stderr)

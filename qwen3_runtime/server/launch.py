@@ -14,6 +14,7 @@ from qwen3_runtime.config import load_config
 from qwen3_runtime.heap import freeze_startup_objects
 from qwen3_runtime.server.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from qwen3_runtime.server.engine_client import EngineClient
+from qwen3_runtime.server.inputs import DEFAULT_MAX_CHOICES
 from qwen3_runtime.server.metrics import ServerMetrics
 from qwen3_runtime.server.openai_api import build_app
 from qwen3_runtime.server.state import ServerState
@@ -56,8 +57,10 @@ def serve(
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     served_model_name: str | None = None,
+    max_choices: int = DEFAULT_MAX_CHOICES,
 ) -> None:
-    """served_model_name: the model's name in the API (default: the config's). Raises ConfigError for a bad config,
+    """served_model_name: the model's name in the API (default: the config's); max_choices: the most choices
+    (prompts x n) one request may ask for. Raises ConfigError for a bad config,
     ListenError for an address it cannot listen on, EngineStartError when the engine cannot build the Runtime,
     EngineDiedError once the engine process died while serving."""
     tokenizer = load_tokenizer(load_config(config, overrides).model)  # checks the config before a spawn
@@ -83,6 +86,7 @@ def serve(
             ready.limits,
             ready.sampling_defaults,
             metrics,
+            max_choices,
         )
         app = build_app(state, api_key, max_request_bytes)
         freeze_startup_objects()

@@ -101,3 +101,24 @@ def test_chat_template_kwargs_naming_apply_chat_template_arguments(tok):
         with pytest.raises(APIError) as info:
             chat_inputs(ChatCompletionRequest(messages=messages, chat_template_kwargs=kwargs), tok, LIMITS, {})
         assert info.value.param == "chat_template_kwargs" and next(iter(kwargs)) in info.value.message
+
+
+def test_the_choices_of_one_request_are_bounded(tok):
+    """prompts x n engine requests at most: a 400 naming the prompts when they alone are too many, else n with the
+    range the prompts leave it."""
+    assert len(completion_inputs(CompletionRequest(prompt=[[1]] * 2, n=64, max_tokens=1), tok, LIMITS, {})) == 128
+    with pytest.raises(APIError) as info:
+        completion_inputs(CompletionRequest(prompt=[[1]] * 64, n=128), tok, LIMITS, {})
+    assert info.value.param == "n" and info.value.message == (
+        "n=128 is out of range for 64 prompts: must be in [1, 2] (the server takes at most 128 choices per request, "
+        "prompts x n: --max-choices-per-request)"
+    )
+    with pytest.raises(APIError) as info:
+        completion_inputs(CompletionRequest(prompt=[[1]] * 2000), tok, LIMITS, {})
+    assert info.value.param == "prompt" and info.value.message.startswith("prompt holds 2000 prompts: at most 128 are")
+    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], n=5)
+    with pytest.raises(APIError) as info:
+        chat_inputs(chat, tok, LIMITS, {}, max_choices=4)
+    assert info.value.param == "n" and info.value.message.startswith(
+        "n=5 is out of range for 1 prompt: must be in [1, 4]"
+    )
