@@ -48,7 +48,7 @@ def completion_inputs(
 ) -> list[EngineInput]:
     prompt_logprobs = req.prompt_logprobs
     if req.echo and req.logprobs is not None:  # the prompt's logprobs come first in the response
-        prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)
+        prompt_logprobs = -1 if -1 in (prompt_logprobs, req.logprobs) else max(prompt_logprobs or 0, req.logprobs)
     fields = dict(max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs)
     return _expand(req, completion_prompts(req, tok), fields, limits, defaults, max_choices)
 

@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from qwen3_runtime.server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimitMiddleware
 from qwen3_runtime.server.chat import create_chat_completion
 from qwen3_runtime.server.completions import create_completion
-from qwen3_runtime.server.errors import APIError, engine_unavailable, validation_error
+from qwen3_runtime.server.errors import APIError, body_not_utf8, engine_unavailable, validation_error
 from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from qwen3_runtime.server.state import ServerState
 from qwen3_runtime.server.tokenization import detokenize, tokenize
@@ -144,6 +144,8 @@ def _add_errors(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, e: HTTPException) -> JSONResponse:
         """Starlette's own errors (404, 405, a body FastAPI could not parse) in OpenAI's shape too."""
+        if isinstance(e.__cause__, UnicodeDecodeError):  # json.loads could not decode the body
+            return body_not_utf8(e.__cause__).response()
         kind = "BadRequestError" if e.status_code == 400 else "NotFoundError" if e.status_code == 404 else "APIError"
         return APIError(str(e.detail), status=e.status_code, kind=kind).response()
 

@@ -64,6 +64,19 @@ def test_echo_with_logprobs_asks_the_prompts_logprobs(tok):
     assert (x.params.logprobs, x.params.prompt_logprobs) == (2, 2)
 
 
+def test_logprobs_of_the_whole_vocabulary_where_the_engine_allows_them(tok):
+    """-1 passes with logprobs.max_logprobs: -1, echo's prompt logprobs too; else check_request says what it needs."""
+    full = RequestLimits(vocab_size=151936, max_model_len=64, max_logprobs=-1)
+    (x,) = completion_inputs(CompletionRequest(prompt=[1, 2], echo=True, logprobs=-1, prompt_logprobs=3), tok, full, {})
+    assert (x.params.logprobs, x.params.prompt_logprobs) == (-1, -1)
+    with pytest.raises(APIError) as info:
+        completion_inputs(CompletionRequest(prompt=[1, 2], prompt_logprobs=-1), tok, LIMITS, {})
+    assert info.value.param == "prompt_logprobs" and info.value.message == (
+        "prompt_logprobs=-1 is out of range: must be in [0, 5] (logprobs.max_logprobs; -1, the full vocabulary, needs "
+        "logprobs.max_logprobs: -1)"
+    )
+
+
 @pytest.mark.parametrize(
     "make, param, message",
     [

@@ -165,6 +165,9 @@ def test_n_choices_seeded(client, offline, metric):
     [
         ({"prompt": "x", "top_p": 3}, "top_p", "less than or equal to 1"),
         ({"prompt": "x", "logprobs": 30}, "logprobs", "Requested sample logprobs of 30, which is greater than max"),
+        # -1 (the whole vocabulary) is the engine's to allow: its message says how
+        ({"prompt": "x", "logprobs": -1}, "logprobs", "-1, the full vocabulary, needs logprobs.max_logprobs: -1"),
+        ({"prompt": "x", "extra_body": {"prompt_logprobs": -1}}, "prompt_logprobs", "needs logprobs.max_logprobs: -1"),
         ({"prompt": [1, 10**9]}, "prompt", "out of range"),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
         ({"prompt": []}, "prompt", "empty"),
