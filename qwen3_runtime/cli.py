@@ -93,7 +93,9 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind; default: 127.0.0.1 (this machine only)")
     serve.add_argument("--port", type=_int_in(0, 65535), default=8000, help="port to listen on; default: 8000")
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (all but /health)")
+    serve.add_argument(
+        "--api-key", default=None, help="require `Authorization: Bearer KEY` on the /v1/ routes (as vLLM does)"
+    )
     serve.add_argument(
         "--max-request-bytes",
         type=_int_in(1, None),

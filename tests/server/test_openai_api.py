@@ -243,7 +243,8 @@ def wait_aborted(metric, aborted_before: float) -> None:
 
 
 def test_models_health_metrics(http, base_url, metric, client):
-    assert http.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    (card,) = http.get("/v1/models").json()["data"]
+    assert card["id"] == "tiny" and time.time() - 3600 < card["created"] <= time.time()  # the server's start
     assert client.models.retrieve("tiny").id == "tiny"
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("gpt-4o")
@@ -256,12 +257,18 @@ def test_models_health_metrics(http, base_url, metric, client):
     assert metric("qwen3_runtime_prefix_cache_queries_total") >= metric("qwen3_runtime_prefix_cache_hits_total") >= 0
 
 
-def test_api_key_required(base_url):
-    for path in ("/v1/models", "/metrics"):
+def test_api_key_guards_the_v1_routes_only(base_url):
+    """As vLLM's: Prometheus scrapers and health probes carry no key."""
+    for path in ("/v1/models", "/v1/models/tiny"):
         resp = httpx.get(f"{base_url}{path}", headers={"Authorization": "Bearer wrong"})
         assert resp.status_code == 401 and resp.json()["error"]["type"] == "AuthenticationError"
+    assert httpx.post(f"{base_url}/v1/completions", json={"prompt": "x"}).status_code == 401
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{base_url}/v1", api_key="wrong", max_retries=0).models.list()
+    for path in ("/health", "/metrics", "/version"):
+        assert httpx.get(f"{base_url}{path}").status_code == 200, path
+    assert httpx.post(f"{base_url}/tokenize", json={"prompt": "x"}).json()["count"] == 1
+    assert httpx.post(f"{base_url}/detokenize", json={"tokens": [87]}).json()["prompt"] == "x"
 
 
 def test_unset_fields_take_the_checkpoints_generation_config(launch_server, tiny_checkpoint, tmp_path):
