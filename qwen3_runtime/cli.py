@@ -93,12 +93,22 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
     serve.add_argument("--host", default="127.0.0.1", help="address to bind; default: 127.0.0.1 (this machine only)")
     serve.add_argument("--port", type=_int_in(0, 65535), default=8000, help="port to listen on; default: 8000")
     serve.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a config key")
-    serve.add_argument("--api-key", default=None, help="require `Authorization: Bearer KEY` (all but /health)")
+    serve.add_argument(
+        "--api-key", default=None, help="require `Authorization: Bearer KEY` on the /v1/ routes (as vLLM does)"
+    )
     serve.add_argument(
         "--max-request-bytes",
         type=_int_in(1, None),
         default=4 << 20,
         help="a larger request body is a 413; default: 4 MiB",
+    )
+    serve.add_argument(
+        "--max-choices-per-request",
+        type=_int_in(1, None),
+        default=128,
+        metavar="N",
+        help="a request asking for more choices (prompts x n) is a 400, so one client cannot queue unbounded work; "
+        "default: 128 (OpenAI's cap on n)",
     )
     serve.add_argument(
         "--served-model-name",
@@ -127,18 +137,29 @@ def _int_in(lo: int, hi: int | None):
 
 def _serve(args: argparse.Namespace) -> int:
     """The server runs until interrupted; a bad config, an address it cannot listen on or a Runtime that cannot be
-    built exits 2."""
+    built exits 2, an engine process that died while serving exits 1."""
+    # FastAPI and uvicorn only for this command
     from qwen3_runtime.server.engine_client import EngineStartError
-    from qwen3_runtime.server.launch import ListenError, serve  # FastAPI and uvicorn only for this command
+    from qwen3_runtime.server.launch import EngineDiedError, ListenError, serve
 
     try:
         overrides = dict(parse_override(s) for s in args.set)
         serve(
-            args.config, overrides, args.host, args.port, args.api_key, args.max_request_bytes, args.served_model_name
+            args.config,
+            overrides,
+            args.host,
+            args.port,
+            args.api_key,
+            args.max_request_bytes,
+            args.served_model_name,
+            args.max_choices_per_request,
         )
     except (*USER_ERRORS, EngineStartError, ListenError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except EngineDiedError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -180,6 +180,6 @@ def check_request(prompt: object, params: object, limits: RequestLimits) -> tupl
             check_range(name, value, -1, vocab, note="-1: the whole vocabulary")
         else:
             limit = "the vocabulary's size" if vocab < limits.max_logprobs else "logprobs.max_logprobs"
-            note = f"{limit}; -1, the full vocabulary, needs max_logprobs: -1"
+            note = f"{limit}; -1, the full vocabulary, needs logprobs.max_logprobs: -1"
             check_range(name, value, 0, min(limits.max_logprobs, vocab), note=note)
     return prompt, params

@@ -2,7 +2,8 @@
 asyncio queues.
 
 A reader thread blocks on the engine's pipe and hands each StepBatch to the event loop, so the loop never waits
-on the engine. When the engine process dies, every open request gets EngineDead and /health reports it."""
+on the engine. When the engine process dies, every open request gets EngineDead, /health reports it, and the
+`on_death` callback runs (launch.py stops the server: a dead engine is not restarted in place)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,10 @@ import asyncio
 import itertools
 import logging
 import multiprocessing as mp
+import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +26,8 @@ from qwen3_runtime.server.metrics import ServerMetrics
 log = logging.getLogger("qwen3_runtime.server")
 
 STARTUP_TIMEOUT_S = 600.0
+# The engine's pipe reads EOF as its process exits, a moment before its exit status can be read.
+EXIT_STATUS_WAIT_S = 5.0
 
 
 class EngineDead(RuntimeError):
@@ -54,6 +59,8 @@ class EngineClient:
         self.metrics = metrics
         self.stats = EngineStats()
         self.dead = False
+        self.death: str | None = None  # how the engine process ended, when it died while serving
+        self.on_death: Callable[[], None] | None = None  # called on the event loop once it died while serving
         self._streams: dict[str, RequestStream] = {}
         self._ids = itertools.count()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -72,7 +79,8 @@ class EngineClient:
         try:
             msg = self._recv_conn.recv()
         except EOFError:
-            raise EngineStartError("the engine process exited while starting (see its output above)") from None
+            how = self._exit_status()
+            raise EngineStartError(f"the engine process exited while starting ({how}; see its output above)") from None
         if isinstance(msg, Failed):
             raise EngineStartError(msg.message)
         return msg
@@ -118,19 +126,25 @@ class EngineClient:
     def _send(self, msg: AddRequest | AbortRequest) -> None:
         try:
             self._send_conn.send(msg)
-        except (OSError, ValueError) as e:  # the engine closed its end
-            self._on_dead()
+        except (OSError, ValueError) as e:  # the engine closed its end: the reader reports its death at EOF
             raise EngineDead("the engine process is not running") from e
 
     def _read(self) -> None:
-        """The reader thread: one StepBatch at a time to the event loop, then EngineDead at EOF."""
+        """The reader thread: one StepBatch at a time to the event loop, then, at EOF, the engine's death with
+        its exit status."""
         while True:
             try:
                 msg = self._recv_conn.recv()
             except (EOFError, OSError):
-                self._loop.call_soon_threadsafe(self._on_dead)
-                return
+                break
             self._loop.call_soon_threadsafe(self._dispatch, msg)
+        how = self._exit_status()
+        self._loop.call_soon_threadsafe(self._on_dead, how)
+
+    def _exit_status(self) -> str:
+        """How the engine process ended, once it has (waiting for its exit status, which follows its pipe's EOF)."""
+        self.proc.join(EXIT_STATUS_WAIT_S)
+        return describe_exit(self.proc.exitcode)
 
     def _dispatch(self, batch: StepBatch) -> None:
         self.stats = batch.stats
@@ -148,10 +162,27 @@ class EngineClient:
             except asyncio.QueueFull:  # cannot happen (see add); never block the loop on it
                 log.error("request %s: update queue full, update dropped", up.request_id)
 
-    def _on_dead(self) -> None:
-        if not self.dead:
-            log.error("the engine process died (exit code %s)", self.proc.exitcode)
+    def _on_dead(self, how: str) -> None:
+        unexpected = not self.dead  # not after shutdown()
         self.dead = True
         for stream in self._streams.values():
             stream.queue.put_nowait(EngineDead("the engine process died"))
         self._streams.clear()
+        if unexpected:
+            self.death = how
+            log.error("the engine process died (%s): its requests fail and the server stops", how)
+            if self.on_death is not None:
+                self.on_death()
+
+
+def describe_exit(exitcode: int | None) -> str:
+    """A process's exit status in words: multiprocessing's negative exit code is the signal that killed it."""
+    if exitcode is None:
+        return "its pipe closed but the process is still running"
+    if exitcode >= 0:
+        return f"exit code {exitcode}"
+    try:
+        name = signal.Signals(-exitcode).name
+    except ValueError:
+        name = f"signal {-exitcode}"
+    return f"killed by {name}, exit code {exitcode}"

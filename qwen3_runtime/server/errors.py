@@ -31,6 +31,11 @@ class APIError(Exception):
         return JSONResponse(self.body(), status_code=self.status)
 
 
+def body_not_utf8(e: UnicodeDecodeError) -> APIError:
+    """A body FastAPI could not decode: its error says only that parsing failed."""
+    return APIError(f"the request body must be UTF-8 JSON: {e}")
+
+
 def engine_unavailable() -> APIError:
     return APIError("the engine process is not running", status=503, kind="ServiceUnavailableError")
 

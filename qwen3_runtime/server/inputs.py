@@ -11,6 +11,10 @@ from qwen3_runtime.server.errors import APIError
 from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
 from qwen3_runtime.tokenizer import Tokenizer
 
+# The most engine requests (prompts x n) one HTTP request may create: OpenAI's cap on n, so any one-prompt request
+# OpenAI takes passes. Past it, one small body could queue minutes of work ahead of every other client.
+DEFAULT_MAX_CHOICES = 128
+
 
 @dataclass
 class EngineInput:
@@ -36,17 +40,25 @@ def completion_prompts(req: CompletionRequest, tok: Tokenizer) -> list[list[int]
 
 
 def completion_inputs(
-    req: CompletionRequest, tok: Tokenizer, limits: RequestLimits, defaults: dict[str, Any]
+    req: CompletionRequest,
+    tok: Tokenizer,
+    limits: RequestLimits,
+    defaults: dict[str, Any],
+    max_choices: int = DEFAULT_MAX_CHOICES,
 ) -> list[EngineInput]:
     prompt_logprobs = req.prompt_logprobs
     if req.echo and req.logprobs is not None:  # the prompt's logprobs come first in the response
-        prompt_logprobs = max(prompt_logprobs or 0, req.logprobs)
+        prompt_logprobs = -1 if -1 in (prompt_logprobs, req.logprobs) else max(prompt_logprobs or 0, req.logprobs)
     fields = dict(max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs)
-    return _expand(req, completion_prompts(req, tok), fields, limits, defaults)
+    return _expand(req, completion_prompts(req, tok), fields, limits, defaults, max_choices)
 
 
 def chat_inputs(
-    req: ChatCompletionRequest, tok: Tokenizer, limits: RequestLimits, defaults: dict[str, Any]
+    req: ChatCompletionRequest,
+    tok: Tokenizer,
+    limits: RequestLimits,
+    defaults: dict[str, Any],
+    max_choices: int = DEFAULT_MAX_CHOICES,
 ) -> list[EngineInput]:
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
@@ -56,7 +68,7 @@ def chat_inputs(
     if req.max_completion_tokens:
         rename["max_tokens"] = "max_completion_tokens"
     fields = dict(max_tokens=max_tokens, logprobs=logprobs)
-    return _expand(req, [chat_prompt(req, tok)], fields, limits, defaults, rename)
+    return _expand(req, [chat_prompt(req, tok)], fields, limits, defaults, max_choices, rename)
 
 
 def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tok: Tokenizer) -> list[int]:
@@ -83,12 +95,14 @@ def _expand(
     fields: dict,
     limits: RequestLimits,
     defaults: dict[str, Any],
+    max_choices: int,
     rename: dict | None = None,
 ) -> list[EngineInput]:
     """n engine requests per prompt, with seeds seed, seed + 1, ... (or each its own random one). max_tokens: the
     fields' or, unset (None), the model's default, within what the context leaves (vLLM's get_max_tokens: the
     default is not a ceiling on a max_tokens asked for)."""
     rename = rename or {}
+    _check_choices(len(prompts), req.n, max_choices)
     _check_logprobs(fields.get("logprobs"), "sample", limits, rename.get("logprobs", "logprobs"))
     _check_logprobs(fields.get("prompt_logprobs"), "prompt", limits, "prompt_logprobs")
     inputs = []
@@ -111,6 +125,18 @@ def _expand(
                 raise APIError.from_value_error(e, rename) from None
             inputs.append(EngineInput(i, prompt_ids, params))
     return inputs
+
+
+def _check_choices(num_prompts: int, n: int, max_choices: int) -> None:
+    """A 400 when the request would create more than max_choices engine requests (prompts x n), naming the prompts
+    when they alone are too many, else n and the range this many prompts leave it."""
+    if num_prompts * n <= max_choices:
+        return
+    why = f"the server takes at most {max_choices} choices per request, prompts x n: --max-choices-per-request"
+    if num_prompts > max_choices:
+        raise APIError(f"prompt holds {num_prompts} prompts: at most {max_choices} are allowed ({why})", "prompt")
+    prompts = f"{num_prompts} prompt" + ("s" if num_prompts > 1 else "")
+    raise APIError(f"n={n} is out of range for {prompts}: must be in [1, {max_choices // num_prompts}] ({why})", "n")
 
 
 def _context_room(prompt_len: int, max_tokens: int | None, limits: RequestLimits, rename: dict) -> int:

@@ -1,7 +1,9 @@
-"""`qwen3-runtime serve`: listen, start the engine process, then serve the app with uvicorn until interrupted."""
+"""`qwen3-runtime serve`: listen, start the engine process, then serve the app with uvicorn until interrupted or
+until the engine process dies."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 from pathlib import Path
 from typing import Any
@@ -12,14 +14,22 @@ from qwen3_runtime.config import load_config
 from qwen3_runtime.heap import freeze_startup_objects
 from qwen3_runtime.server.body_limit import DEFAULT_MAX_REQUEST_BYTES
 from qwen3_runtime.server.engine_client import EngineClient
+from qwen3_runtime.server.inputs import DEFAULT_MAX_CHOICES
 from qwen3_runtime.server.metrics import ServerMetrics
 from qwen3_runtime.server.openai_api import build_app
 from qwen3_runtime.server.state import ServerState
 from qwen3_runtime.tokenizer import load_tokenizer
 
+# After the engine died, how long clients that do not read their responses may hold the server's exit.
+DEATH_GRACE_S = 5.0
+
 
 class ListenError(Exception):
     """The server cannot listen on the address it was given (a port in use, a host that is not this machine's)."""
+
+
+class EngineDiedError(Exception):
+    """The engine process died while serving: the server stopped, so that a supervisor restarts it."""
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -47,9 +57,12 @@ def serve(
     api_key: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     served_model_name: str | None = None,
+    max_choices: int = DEFAULT_MAX_CHOICES,
 ) -> None:
-    """served_model_name: the model's name in the API (default: the config's). Raises ConfigError for a bad config,
-    ListenError for an address it cannot listen on, EngineStartError when the engine cannot build the Runtime."""
+    """served_model_name: the model's name in the API (default: the config's); max_choices: the most choices
+    (prompts x n) one request may ask for. Raises ConfigError for a bad config,
+    ListenError for an address it cannot listen on, EngineStartError when the engine cannot build the Runtime,
+    EngineDiedError once the engine process died while serving."""
     tokenizer = load_tokenizer(load_config(config, overrides).model)  # checks the config before a spawn
     tokenizer.load_token_tables()
     with listen(host, port) as sock:
@@ -73,12 +86,24 @@ def serve(
             ready.limits,
             ready.sampling_defaults,
             metrics,
+            max_choices,
         )
         app = build_app(state, api_key, max_request_bytes)
         freeze_startup_objects()
         shown_host = f"[{host}]" if ":" in host else host
         print(f"INFO:     serving on http://{shown_host}:{sock.getsockname()[1]} (Press CTRL+C to quit)", flush=True)
+        server = uvicorn.Server(uvicorn.Config(app, log_level="info"))
+        client.on_death = lambda: stop(server)
         try:
-            uvicorn.Server(uvicorn.Config(app, log_level="info")).run(sockets=[sock])
+            server.run(sockets=[sock])
         finally:
             client.shutdown()
+        if client.death is not None:
+            raise EngineDiedError(f"the engine process died ({client.death}): the server stopped")
+
+
+def stop(server: uvicorn.Server) -> None:
+    """vLLM's answer to a dead engine: stop serving, so the process exits and a supervisor restarts it. The requests
+    in flight have their error already and finish first, for at most DEATH_GRACE_S."""
+    server.should_exit = True
+    asyncio.get_running_loop().call_later(DEATH_GRACE_S, setattr, server, "force_exit", True)

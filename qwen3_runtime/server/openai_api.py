@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import secrets
+import time
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 
@@ -18,13 +19,15 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from qwen3_runtime.server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimitMiddleware
 from qwen3_runtime.server.chat import create_chat_completion
 from qwen3_runtime.server.completions import create_completion
-from qwen3_runtime.server.errors import APIError, engine_unavailable, validation_error
+from qwen3_runtime.server.errors import APIError, body_not_utf8, engine_unavailable, validation_error
 from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
 from qwen3_runtime.server.state import ServerState
 from qwen3_runtime.server.tokenization import detokenize, tokenize
 from qwen3_runtime.version import package_version
 
-OPEN_PATHS = frozenset({"/health"})  # answered without the API key (load balancers probe it)
+# The API key guards OpenAI's routes only, as vLLM's: /health, /metrics (Prometheus scrapers carry no key), /version
+# and the tokenizer's routes answer without it.
+GUARDED_PREFIX = "/v1/"
 DISCONNECT_POLL_S = 0.2
 CLIENT_CLOSED = 499  # nginx's status for a request whose client went away (nobody reads it)
 
@@ -61,7 +64,7 @@ def _add_routes(app: FastAPI, state: ServerState) -> None:
     card = {
         "id": state.model_name,
         "object": "model",
-        "created": 0,
+        "created": int(time.time()),  # the server's start
         "owned_by": "qwen3_runtime",
         "max_model_len": state.limits.max_model_len,
     }
@@ -144,12 +147,14 @@ def _add_errors(app: FastAPI) -> None:
     @app.exception_handler(HTTPException)
     async def http_error(_: Request, e: HTTPException) -> JSONResponse:
         """Starlette's own errors (404, 405, a body FastAPI could not parse) in OpenAI's shape too."""
+        if isinstance(e.__cause__, UnicodeDecodeError):  # json.loads could not decode the body
+            return body_not_utf8(e.__cause__).response()
         kind = "BadRequestError" if e.status_code == 400 else "NotFoundError" if e.status_code == 404 else "APIError"
         return APIError(str(e.detail), status=e.status_code, kind=kind).response()
 
 
 class APIKeyMiddleware:
-    """A 401 for a request without `Bearer <api_key>`. Plain ASGI, not @app.middleware("http"): Starlette's
+    """A 401 for a request to /v1/* without `Bearer <api_key>`. Plain ASGI, not @app.middleware("http"): Starlette's
     BaseHTTPMiddleware hides the client's disconnect from Request.is_disconnected, which _unless_disconnected
     relies on."""
 
@@ -157,7 +162,7 @@ class APIKeyMiddleware:
         self.app, self.expected = app, f"Bearer {api_key}".encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in OPEN_PATHS:
+        if scope["type"] == "http" and scope["path"].startswith(GUARDED_PREFIX):
             given = Headers(scope=scope).get("authorization", "").encode()
             if not secrets.compare_digest(given, self.expected):
                 error = APIError("invalid or missing API key", status=401, kind="AuthenticationError")

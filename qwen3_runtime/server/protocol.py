@@ -58,6 +58,10 @@ TOKENIZE_UNSUPPORTED = {
     "return_token_strs": (None, False),
     **{name: UNSUPPORTED_CHAT[name] for name in ("tools", "continue_final_message", "chat_template")},
 }
+# The roles Qwen3's chat template renders: it drops a message of any other role without a word. OpenAI's
+# "developer" is its newer name for "system" (o1 and later), and reaches the template as one.
+ROLES = ("system", "user", "assistant", "tool")
+TEMPLATE_ROLES = {"developer": "system"}
 # Known to OpenAI's API, and no effect on the output: accepted without a word.
 METADATA = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key"})
 _warned: set[str] = set()
@@ -98,11 +102,13 @@ def refuse_unless_off(data: dict, unsupported: dict[str, tuple]) -> None:
 
 def check_messages(messages: list[ChatMessage] | None) -> None:
     for i, m in enumerate(messages or ()):
-        m.check_content(i)
+        m.check(i)
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore")
+    # NaN and inf are JSON extensions Python's parser reads: any float field given one is a 400 saying it must be
+    # a finite number, not that NaN fails a bound.
+    model_config = ConfigDict(extra="ignore", allow_inf_nan=False)
     unsupported: ClassVar[dict[str, tuple]] = UNSUPPORTED
 
     model: str | None = None
@@ -182,9 +188,10 @@ class CompletionRequest(_Request):
 
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1)
-    logprobs: int | None = Field(None, ge=0)
+    # -1: the whole vocabulary, where logprobs.max_logprobs is -1 (params.check_request says so otherwise).
+    logprobs: int | None = Field(None, ge=-1)
     echo: bool = False
-    prompt_logprobs: int | None = Field(None, ge=0)  # vLLM's extension
+    prompt_logprobs: int | None = Field(None, ge=-1)  # vLLM's extension
 
 
 class ChatMessage(BaseModel):
@@ -193,8 +200,12 @@ class ChatMessage(BaseModel):
     role: str
     content: str | list[dict[str, Any]] | None = None
 
-    def check_content(self, i: int) -> None:
-        """Content parts must be text: this model reads nothing else (images, audio, files)."""
+    def check(self, i: int) -> None:
+        """A role the chat template renders (else the message would vanish from the prompt), and content parts
+        that are text: this model reads nothing else (images, audio, files)."""
+        if self.role not in ROLES and self.role not in TEMPLATE_ROLES:
+            param, roles = f"messages[{i}].role", ", ".join((*ROLES, *TEMPLATE_ROLES))
+            raise refused(param, f"{param} {self.role!r} is not supported: the roles are {roles}")
         for j, part in enumerate(self.content if isinstance(self.content, list) else ()):
             if part.get("type") != "text":
                 param = f"messages[{i}].content[{j}].type"
@@ -204,8 +215,9 @@ class ChatMessage(BaseModel):
                 raise refused(param, f"{param} must be a string")
 
     def as_template_input(self) -> dict[str, Any]:
-        """The message for the chat template (which joins text parts, tokenizer/chat_template.py)."""
-        return self.model_dump(exclude_none=True)
+        """The message for the chat template (which joins text parts, tokenizer/chat_template.py), in the
+        template's role."""
+        return {**self.model_dump(exclude_none=True), "role": TEMPLATE_ROLES.get(self.role, self.role)}
 
 
 class ChatCompletionRequest(_Request):

@@ -1,4 +1,5 @@
-"""What the route handlers share: the engine client, the tokenizer, the model's name and limits."""
+"""What the route handlers share: the engine client, the tokenizer, the model's name and limits, the server's
+limits."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 from qwen3_runtime.params import RequestLimits
 from qwen3_runtime.server.engine_client import EngineClient
+from qwen3_runtime.server.inputs import DEFAULT_MAX_CHOICES
 from qwen3_runtime.server.metrics import ServerMetrics
 from qwen3_runtime.tokenizer import Tokenizer
 
@@ -21,6 +23,7 @@ class ServerState:
     limits: RequestLimits
     sampling_defaults: dict[str, Any]  # the checkpoint's generation_config.json's, for fields a request leaves unset
     metrics: ServerMetrics
+    max_choices: int = DEFAULT_MAX_CHOICES  # the most engine requests (prompts x n) one HTTP request may create
 
 
 def response_header(prefix: str, obj: str, model: str) -> dict:

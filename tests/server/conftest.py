@@ -8,6 +8,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import IO
 
 import httpx
 import pytest
@@ -37,14 +38,15 @@ def wait_healthy(url: str, proc: subprocess.Popen, log, timeout: float = 120.0) 
     raise TimeoutError("the server did not become healthy")
 
 
-def start_server(*extra: str) -> tuple[subprocess.Popen, str]:
+def start_server(*extra: str, log: IO[str] | None = None) -> tuple[subprocess.Popen, str]:
+    """log: where its output goes (a temporary file by default)."""
     port = free_port()
     # The server runs the kernels' PyTorch references on the CPU, as the offline runtime of the tests does
     # (tests/conftest.py sets TRITON_INTERPRET for the kernel tests; the child must not inherit it).
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     cmd = [sys.executable, "-m", "qwen3_runtime", "serve", "--config", "tiny", "--port", str(port), *extra]
     # Its output goes to a file: a pipe nobody reads would fill up and block the server.
-    log = tempfile.TemporaryFile("w+")
+    log = log or tempfile.TemporaryFile("w+")
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, text=True)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -120,8 +122,8 @@ def launch_server():
     """launch_server(*args) -> (process, url) of a server of its own, stopped at the end of the session."""
     started = []
 
-    def launch(*extra: str) -> tuple[subprocess.Popen, str]:
-        proc, url = start_server(*extra)
+    def launch(*extra: str, log: IO[str] | None = None) -> tuple[subprocess.Popen, str]:
+        proc, url = start_server(*extra, log=log)
         started.append(proc)
         return proc, url
 

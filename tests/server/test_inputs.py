@@ -64,6 +64,19 @@ def test_echo_with_logprobs_asks_the_prompts_logprobs(tok):
     assert (x.params.logprobs, x.params.prompt_logprobs) == (2, 2)
 
 
+def test_logprobs_of_the_whole_vocabulary_where_the_engine_allows_them(tok):
+    """-1 passes with logprobs.max_logprobs: -1, echo's prompt logprobs too; else check_request says what it needs."""
+    full = RequestLimits(vocab_size=151936, max_model_len=64, max_logprobs=-1)
+    (x,) = completion_inputs(CompletionRequest(prompt=[1, 2], echo=True, logprobs=-1, prompt_logprobs=3), tok, full, {})
+    assert (x.params.logprobs, x.params.prompt_logprobs) == (-1, -1)
+    with pytest.raises(APIError) as info:
+        completion_inputs(CompletionRequest(prompt=[1, 2], prompt_logprobs=-1), tok, LIMITS, {})
+    assert info.value.param == "prompt_logprobs" and info.value.message == (
+        "prompt_logprobs=-1 is out of range: must be in [0, 5] (logprobs.max_logprobs; -1, the full vocabulary, needs "
+        "logprobs.max_logprobs: -1)"
+    )
+
+
 @pytest.mark.parametrize(
     "make, param, message",
     [
@@ -101,3 +114,24 @@ def test_chat_template_kwargs_naming_apply_chat_template_arguments(tok):
         with pytest.raises(APIError) as info:
             chat_inputs(ChatCompletionRequest(messages=messages, chat_template_kwargs=kwargs), tok, LIMITS, {})
         assert info.value.param == "chat_template_kwargs" and next(iter(kwargs)) in info.value.message
+
+
+def test_the_choices_of_one_request_are_bounded(tok):
+    """prompts x n engine requests at most: a 400 naming the prompts when they alone are too many, else n with the
+    range the prompts leave it."""
+    assert len(completion_inputs(CompletionRequest(prompt=[[1]] * 2, n=64, max_tokens=1), tok, LIMITS, {})) == 128
+    with pytest.raises(APIError) as info:
+        completion_inputs(CompletionRequest(prompt=[[1]] * 64, n=128), tok, LIMITS, {})
+    assert info.value.param == "n" and info.value.message == (
+        "n=128 is out of range for 64 prompts: must be in [1, 2] (the server takes at most 128 choices per request, "
+        "prompts x n: --max-choices-per-request)"
+    )
+    with pytest.raises(APIError) as info:
+        completion_inputs(CompletionRequest(prompt=[[1]] * 2000), tok, LIMITS, {})
+    assert info.value.param == "prompt" and info.value.message.startswith("prompt holds 2000 prompts: at most 128 are")
+    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], n=5)
+    with pytest.raises(APIError) as info:
+        chat_inputs(chat, tok, LIMITS, {}, max_choices=4)
+    assert info.value.param == "n" and info.value.message.startswith(
+        "n=5 is out of range for 1 prompt: must be in [1, 4]"
+    )

@@ -34,6 +34,7 @@ def test_an_address_it_cannot_listen_on_exits_2_before_the_engine_starts(capsys,
         (["--port", "65536"], "argument --port: 65536 is out of range: must be in [0, 65535]"),
         (["--port", "x"], "argument --port: 'x' is not an integer"),
         (["--max-request-bytes", "0"], "argument --max-request-bytes: 0 is out of range: must be >= 1"),
+        (["--max-choices-per-request", "0"], "argument --max-choices-per-request: 0 is out of range: must be >= 1"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag(capsys, args, message):

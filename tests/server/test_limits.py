@@ -1,5 +1,6 @@
-"""What one client cannot do to the others: send a body over --max-request-bytes (a 413 before it is parsed), or
-hold the engine by never reading its stream (issue 38: updates go to a per-request queue with room for all of
+"""What one client cannot do to the others: send a body over --max-request-bytes (a 413 before it is parsed), queue
+more choices (prompts x n) than --max-choices-per-request in one request (a 400 before anything reaches the engine),
+or hold the engine by never reading its stream (issue 38: updates go to a per-request queue with room for all of
 them, so routing never waits on the client)."""
 
 import json
@@ -30,6 +31,16 @@ def test_body_under_the_limit_is_read_whole(http):
     chunks = [body[i : i + 4096] for i in range(0, len(body), 4096)]
     resp = http.post("/v1/completions", content=iter(chunks), headers={"Content-Type": "application/json"})
     assert resp.status_code == 200 and resp.json()["choices"]
+
+
+def test_more_choices_than_the_server_takes_is_400(http):
+    """serve's default --max-choices-per-request, 128: OpenAI's cap on n."""
+    resp = http.post("/v1/completions", json={"prompt": [[1]] * 129, "max_tokens": 1})
+    assert resp.status_code == 400 and resp.json()["error"]["param"] == "prompt"
+    assert "--max-choices-per-request" in resp.json()["error"]["message"]
+    resp = http.post("/v1/completions", json={"prompt": [[1], [2]], "n": 128, "max_tokens": 1})
+    error = resp.json()["error"]
+    assert resp.status_code == 400 and error["param"] == "n" and "must be in [1, 64]" in error["message"], error
 
 
 def raw_stream_request(port: int, api_key: str, body: dict) -> socket.socket:

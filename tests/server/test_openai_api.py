@@ -165,6 +165,9 @@ def test_n_choices_seeded(client, offline, metric):
     [
         ({"prompt": "x", "top_p": 3}, "top_p", "less than or equal to 1"),
         ({"prompt": "x", "logprobs": 30}, "logprobs", "Requested sample logprobs of 30, which is greater than max"),
+        # -1 (the whole vocabulary) is the engine's to allow: its message says how
+        ({"prompt": "x", "logprobs": -1}, "logprobs", "-1, the full vocabulary, needs logprobs.max_logprobs: -1"),
+        ({"prompt": "x", "extra_body": {"prompt_logprobs": -1}}, "prompt_logprobs", "needs logprobs.max_logprobs: -1"),
         ({"prompt": [1, 10**9]}, "prompt", "out of range"),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens", "greater than or equal to 1"),
         ({"prompt": []}, "prompt", "empty"),
@@ -240,7 +243,8 @@ def wait_aborted(metric, aborted_before: float) -> None:
 
 
 def test_models_health_metrics(http, base_url, metric, client):
-    assert http.get("/v1/models").json()["data"][0]["id"] == "tiny"
+    (card,) = http.get("/v1/models").json()["data"]
+    assert card["id"] == "tiny" and time.time() - 3600 < card["created"] <= time.time()  # the server's start
     assert client.models.retrieve("tiny").id == "tiny"
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("gpt-4o")
@@ -253,12 +257,18 @@ def test_models_health_metrics(http, base_url, metric, client):
     assert metric("qwen3_runtime_prefix_cache_queries_total") >= metric("qwen3_runtime_prefix_cache_hits_total") >= 0
 
 
-def test_api_key_required(base_url):
-    for path in ("/v1/models", "/metrics"):
+def test_api_key_guards_the_v1_routes_only(base_url):
+    """As vLLM's: Prometheus scrapers and health probes carry no key."""
+    for path in ("/v1/models", "/v1/models/tiny"):
         resp = httpx.get(f"{base_url}{path}", headers={"Authorization": "Bearer wrong"})
         assert resp.status_code == 401 and resp.json()["error"]["type"] == "AuthenticationError"
+    assert httpx.post(f"{base_url}/v1/completions", json={"prompt": "x"}).status_code == 401
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=f"{base_url}/v1", api_key="wrong", max_retries=0).models.list()
+    for path in ("/health", "/metrics", "/version"):
+        assert httpx.get(f"{base_url}{path}").status_code == 200, path
+    assert httpx.post(f"{base_url}/tokenize", json={"prompt": "x"}).json()["count"] == 1
+    assert httpx.post(f"{base_url}/detokenize", json={"tokens": [87]}).json()["prompt"] == "x"
 
 
 def test_unset_fields_take_the_checkpoints_generation_config(launch_server, tiny_checkpoint, tmp_path):

@@ -1,7 +1,9 @@
 """What the server refuses and what it lets through: unsupported sampling fields (a 400 unless off), penalties and
-logit_bias (accepted, a 400 out of range), metadata and unknown fields (accepted), chat content as a list of parts
-(text joined, anything else a 400)."""
+logit_bias (accepted, a 400 out of range), a float that is not finite (a 400 saying so), a body that is not UTF-8,
+metadata and unknown fields (accepted), chat roles (the template's, developer as system, any other a 400), chat
+content as a list of parts (text joined, anything else a 400)."""
 
+import json
 import logging
 
 import openai
@@ -11,6 +13,7 @@ from qwen3_runtime.server.protocol import CompletionRequest
 
 COMPLETION = ("/v1/completions", {"prompt": "The capital of France is"})
 CHAT = ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})
+JSON = {"Content-Type": "application/json"}
 TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
 
 
@@ -85,6 +88,32 @@ def test_out_of_range_penalty_is_400_naming_it(http, endpoint, field, value):
     assert resp.json()["error"]["param"] == field, resp.json()
 
 
+FLOATS = ["temperature", "top_p", "min_p", "presence_penalty", "frequency_penalty", "repetition_penalty"]
+
+
+@pytest.mark.parametrize("endpoint", [COMPLETION, CHAT], ids=["completions", "chat"])
+def test_a_float_that_is_not_finite_is_400_saying_so(http, endpoint):
+    """NaN too, which fails every bound: the message says what is wrong with it, not which bound it failed."""
+    path, body = endpoint
+    cases = [(name, value) for name in FLOATS for value in (float("nan"), float("inf"))]
+    for name, value in [*cases, ("logit_bias", {"42": float("nan")})]:
+        raw = json.dumps({**body, "max_tokens": 1, name: value})  # NaN and Infinity as Python's parser reads them
+        resp = http.post(path, content=raw, headers=JSON)
+        error = resp.json()["error"]
+        assert resp.status_code == 400 and error["param"].startswith(name), (name, error)
+        assert error["message"].endswith("Input should be a finite number"), (name, error)
+
+
+def test_a_body_that_is_not_utf8_is_400_saying_so(http):
+    resp = http.post(COMPLETION[0], content=b'{"prompt": "caf\xe9", "max_tokens": 1}', headers=JSON)
+    error = resp.json()["error"]
+    assert resp.status_code == 400 and error["param"] is None
+    assert error["message"] == (
+        "the request body must be UTF-8 JSON: 'utf-8' codec can't decode byte 0xe9 in position 15: invalid "
+        "continuation byte"
+    )
+
+
 @pytest.mark.parametrize("endpoint", [COMPLETION, CHAT], ids=["completions", "chat"])
 def test_off_values_metadata_and_unknown_fields_change_nothing(http, endpoint):
     path, body = endpoint
@@ -127,6 +156,27 @@ def test_chat_text_parts_are_joined_with_newlines(client):
     as_parts = client.chat.completions.create(messages=[{"role": "user", "content": parts}], **args)
     assert as_parts.choices[0].message.content == joined.choices[0].message.content
     assert as_parts.usage.prompt_tokens == joined.usage.prompt_tokens
+
+
+def test_a_role_the_template_does_not_render_is_400_naming_it(client, http):
+    """Qwen3's template would drop the message from the prompt without a word."""
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "wizard", "content": "Hi"}]
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+    error = info.value.body
+    assert error["param"] == "messages[1].role" and error["message"] == (
+        "messages[1].role 'wizard' is not supported: the roles are system, user, assistant, tool, developer"
+    )
+    assert http.post("/tokenize", json={"messages": messages}).json()["error"]["param"] == "messages[1].role"
+
+
+def test_a_developer_message_is_a_system_message(http):
+    """OpenAI's newer name for the system role."""
+    ids = [
+        http.post("/tokenize", json={"messages": [{"role": role, "content": "Be brief."}]}).json()["tokens"]
+        for role in ("developer", "system")
+    ]
+    assert ids[0] == ids[1]
 
 
 def test_chat_non_text_part_is_400_naming_it(client):
