@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterator
 
@@ -40,10 +41,21 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def available_memory(device: torch.device) -> int | None:
     """Bytes free for new tensors: the GPU's free memory, or the host's available memory for the CPU
-    (None where it cannot be read)."""
+    (None where it cannot be read); what this process no longer uses counts (release_memory)."""
+    release_memory(device)
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     return host_available_memory()
+
+
+def release_memory(device: torch.device) -> None:
+    """Free the tensors only reference cycles keep (a dropped Runtime's: its runner's graphs and stager call back
+    into it, so it waits for the cyclic garbage collector) and, on a GPU, hand the caching allocator's free blocks
+    back to the driver, whose free memory would not count them."""
+    gc.collect()
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
 
 
 def host_available_memory() -> int | None:
@@ -93,10 +105,12 @@ def check_weights_fit(num_bytes: int, device: torch.device, dtype: torch.dtype) 
     """A clear error instead of an out-of-memory kill when the weights alone exceed free memory."""
     free = available_memory(device)
     if free is not None and num_bytes > free:
+        held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        ours = f" ({held / _GIB:.1f} GiB more hold this process's tensors: close() a Runtime no longer used)"
         raise ConfigError(
             f"the model's weights need {num_bytes / _GIB:.1f} GiB in {str(dtype).removeprefix('torch.')} "
-            f"(model.dtype) but {device} has {free / _GIB:.1f} GiB available: use a smaller model, "
-            "a 16-bit model.dtype, or a GPU"
+            f"(model.dtype) but {device} has {free / _GIB:.1f} GiB available{ours if held else ''}: use a smaller "
+            "model, a 16-bit model.dtype, or a GPU"
         )
 
 

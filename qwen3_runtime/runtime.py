@@ -10,12 +10,19 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from qwen3_runtime import ops
 from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.config import Config, ConfigError, load_config
-from qwen3_runtime.device import allocations_sized_by_config, num_kv_blocks, resolve_device, resolve_dtype
+from qwen3_runtime.device import (
+    allocations_sized_by_config,
+    num_kv_blocks,
+    release_memory,
+    resolve_device,
+    resolve_dtype,
+)
 from qwen3_runtime.kv_cache import allocate_kv_cache
 from qwen3_runtime.loader import load_model, model_architecture, read_sampling_defaults
 from qwen3_runtime.memory_profile import worst_step_bytes
@@ -33,6 +40,9 @@ Prompt = list[int] | str | list[dict]
 
 
 class Runtime:
+    """The engine over one model. close() (or a `with` block) releases its memory at once: a Runtime merely dropped
+    keeps it until the garbage collector's next full pass, or until the next Runtime is built."""
+
     def __init__(self, config: Config) -> None:
         self.config = config
         engine = config.engine
@@ -73,10 +83,34 @@ class Runtime:
         self._updates: list[RequestUpdate] = []  # of streamed requests, until taken
         # Returned by the next step(): aborted requests', and those of other requests a generate() call ran to the end.
         self._undelivered: list[RequestOutput] = []
+        self._closed = False
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Runtime:
         return cls(load_config(path, overrides))
+
+    def close(self) -> None:
+        """Release the KV cache, the CUDA graphs and the weights now, so that another Runtime in this process has
+        their memory; requests still running are dropped, and add_request or step raise RuntimeError after.
+        Closing again does nothing."""
+        if self._closed:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # a step in flight still uses the buffers
+        self._closed, self._in_flight = True, None
+        self._live.clear()
+        del self.runner, self.kv_cache, self.model, self.scheduler
+        release_memory(self.device)
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Runtime is closed")
 
     @property
     def vocab_size(self) -> int:
@@ -103,6 +137,7 @@ class Runtime:
         `prompt`: token ids, text, or chat messages (through the tokenizer's chat template, given
         `chat_template_kwargs`: Qwen3's enable_thinking, as vLLM's LLM.chat takes them). `stream`: report its tokens
         step by step through take_updates()."""
+        self._check_open()
         prompt, params = self._validate(self._token_ids(prompt, chat_template_kwargs or {}), params)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         req = Request(self._new_id(), prompt, params, seed=seed, stream=stream, arrival_time=time.perf_counter())
@@ -147,6 +182,7 @@ class Runtime:
         decoding rows' input tokens the device reads from the step in flight) before processing it, so the
         host schedules and stages while the GPU runs, and the tokens of the step in flight go out while the
         next one runs, a prefill step too."""
+        self._check_open()
         previous, self._in_flight = self._in_flight, None
         finished, self._undelivered = self._undelivered, []
         reqs, is_prefill = self.scheduler.schedule(finishing=self._ending(previous))
