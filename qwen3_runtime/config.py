@@ -151,6 +151,10 @@ class EngineConfig:
     # cached or preempted (as vLLM's and SGLang's deterministic modes): every step runs as a prefill step (one
     # attention kernel for every token) and every product by a kernel of fixed tiles. Slower; CUDA only.
     batch_invariant: bool = False
+    # Threads of torch's CPU work (process-wide, as torch's setting is). None: torch's own, OMP_NUM_THREADS where
+    # set, else one per core; on a machine other work keeps busy, fewer (often 1) can be much faster, since each
+    # small op waits for its slowest thread.
+    cpu_threads: int | None = field(default=None, metadata=_size(1))
 
     def __post_init__(self) -> None:
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):

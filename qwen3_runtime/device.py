@@ -33,6 +33,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def set_cpu_threads(threads: int | None) -> None:
+    """engine.cpu_threads for torch's CPU work; None leaves torch's setting, which it takes from OMP_NUM_THREADS when
+    set (at its start: in the server's spawned engine process too, which inherits the environment)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32

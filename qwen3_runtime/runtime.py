@@ -22,6 +22,7 @@ from qwen3_runtime.device import (
     release_memory,
     resolve_device,
     resolve_dtype,
+    set_cpu_threads,
 )
 from qwen3_runtime.kv_cache import allocate_kv_cache
 from qwen3_runtime.loader import load_model, model_architecture, read_sampling_defaults
@@ -51,6 +52,7 @@ class Runtime:
             # (Triton's interpreter runs the mode for tests, but its dots are numpy's, which are not invariant.)
             raise ConfigError("engine.batch_invariant=true needs a CUDA device: its kernels are Triton's")
         self.dtype = resolve_dtype(config.model.dtype, self.device)
+        set_cpu_threads(engine.cpu_threads)  # before the weights load or initialize on the CPU
         arch = model_architecture(config.model)
         if engine.max_model_len > arch.max_context:  # before the weights load, which may take minutes
             limit = "max_position_embeddings" if arch.rope_scaling is None else "rope_scaling's context"

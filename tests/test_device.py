@@ -98,3 +98,15 @@ def test_missing_cuda_device_is_a_config_error(monkeypatch):
     for name in ("cuda:abc", "cuda:-1", "cudafoo"):  # past the config's prefix check, refused by torch
         with pytest.raises(ConfigError, match=rf"engine.device='{name}' is invalid: use auto, cpu, cuda or cuda:N"):
             dev.resolve_device(name)
+
+
+def test_engine_cpu_threads_reach_torch_and_null_leaves_torchs_own(make_runtime, tiny_checkpoint):
+    threads = torch.get_num_threads()
+    try:
+        make_runtime(tiny_checkpoint, engine__cpu_threads=1)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(3)  # as OMP_NUM_THREADS=3 would have set it at torch's start
+        make_runtime(tiny_checkpoint)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)
