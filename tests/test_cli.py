@@ -65,7 +65,7 @@ def _tokenizer_without_template(tmp_path):
         ("config_json_wrong_type", ["config.json", "hidden_size='64'", "expected an integer"]),
         ("prompt_ids", ["--prompt-ids '1,,2'", "entry 1 is empty"]),
         ("set_yaml", ["--set", "not valid YAML"]),
-        ("no_tokenizer", ["model.tokenizer=", "tokenizer.json", "not found"]),
+        ("no_tokenizer", ["model.path=", "has no tokenizer.json", "set model.tokenizer", "builtin"]),
         ("no_chat_template", ["no chat template"]),
     ],
 )
