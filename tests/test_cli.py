@@ -55,8 +55,8 @@ def _tokenizer_without_template(tmp_path):
     [
         ("no_path", ["model.path=", "nowhere", "not a directory"]),
         ("cuda", ["engine.device='cuda'", "no CUDA device"]),
-        ("kv_blocks", ["engine.num_kv_blocks=1", "too small"]),
-        ("max_model_len", ["engine.max_model_len=4096", "max_position_embeddings=2048"]),
+        ("kv_blocks", ["engine.num_kv_blocks=1", "engine.max_model_len=256 sequence needs 16"]),
+        ("max_model_len", ["engine.max_model_len=4096", "max_position_embeddings=256"]),
         ("yaml", ["bad.yaml", "not valid YAML", "at line 3"]),
         ("empty_safetensors", ["model.safetensors", "not a readable safetensors file"]),
         ("truncated_safetensors", ["model.safetensors", "not a readable safetensors file"]),
@@ -81,7 +81,7 @@ def test_user_errors_are_one_line_and_exit_2(case, words, capsys, monkeypatch, t
     args = {
         "no_path": lambda: ["--set", f"model.path={tmp_path / 'nowhere'}"],
         "cuda": lambda: ["--set", "engine.device=cuda"],
-        "kv_blocks": lambda: ["--set", "engine.num_kv_blocks=1"],
+        "kv_blocks": lambda: ["--set", "engine.num_kv_blocks=1", "--set", "engine.max_model_len=256"],
         "max_model_len": lambda: ["--set", "engine.max_model_len=4096"],
         "yaml": lambda: ["--config", str(bad_yaml)],
         "empty_safetensors": lambda: ckpt("model.safetensors", b""),
