@@ -33,6 +33,7 @@ from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate
 from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
 from qwen3_runtime.stats import RunnerStats
+from qwen3_runtime.summary import EngineSummary
 from qwen3_runtime.tokenizer import Tokenizer, load_tokenizer
 from qwen3_runtime.validation import check_text, plain_token_ids
 
@@ -75,6 +76,8 @@ class Runtime:
         # Returned by the next step(): aborted requests', and those of other requests a generate() call ran to the end.
         self._undelivered: list[RequestOutput] = []
         self._closed = False
+        # The model, dtype, device, limits, KV capacity and graphs, as `generate` and `serve` print them.
+        self.summary = EngineSummary.of(self, config.engine.max_model_len)
 
     def _allocate(self, config: Config, arch: ArchitectureConfig, context: int) -> int:
         """The runner and the KV cache, and self.config; returns the cache's blocks.

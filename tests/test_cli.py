@@ -117,10 +117,11 @@ def test_prints_model_line_prompt_and_output_logprobs(capsys):
     )
     assert rc == 0, err
     lines = out.splitlines()
-    assert (
-        lines[0].startswith("model: random weights (seed 0), config tiny: ") and "device cpu, dtype float32" in lines[0]
+    assert lines[0].startswith("model: random weights (seed 0), ") and "(2 layers, hidden 64, " in lines[0]
+    assert "vocab 151936); float32 on cpu with " in lines[0]
+    assert lines[0].endswith(
+        "max_model_len 256 (the model's context), max_num_seqs 8; KV cache 2048 tokens; CUDA graphs: none"
     )
-    assert "vocab 151936" in lines[0] and "2 layers" in lines[0]
     assert lines[1].startswith("[0] prompt 3 tokens -> 2 tokens")
     assert lines[2].startswith("    prompt 1: token 6 logprob ") and " top [" in lines[2]
     assert lines[3].startswith("    prompt 2: token 7 logprob ")

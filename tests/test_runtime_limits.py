@@ -59,5 +59,6 @@ def test_a_context_past_what_the_gpu_holds_is_capped_after_the_profile():
         engine = rt.config.engine
         assert engine.max_model_len < 2**19 and engine.max_model_len == rt.runner.max_model_len
         assert engine.max_model_len == rt.scheduler.blocks.num_blocks * engine.block_size
+        assert "(what the KV cache holds of the model's 524288)" in str(rt.summary)
         outs = rt.generate([[5, 6, 7], [1] * 5000], GREEDY)
     assert [(out.error, len(out.token_ids)) for out in outs] == [(None, 8), (None, 8)]
