@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if not args.quiet:
-        print(_describe(args.config, rt))
+        print(rt.summary)
     job = config.generate
     if not prompts:
         prompts = job.prompts or _random_prompts(job.num_prompts, job.prompt_len, rt.vocab_size, job.prompt_seed)
@@ -182,25 +182,6 @@ def _parse_ids(text: str) -> list[int]:
 def _random_prompts(count: int, length: int, vocab: int, seed: int) -> list[list[int]]:
     rng = np.random.default_rng(seed)
     return rng.integers(0, vocab, size=(count, length)).tolist()
-
-
-def _describe(config_name: str, rt: Runtime) -> str:
-    """One line: which weights, the shape, and where they run."""
-    arch, path = rt.model.config, rt.config.model.path
-    weights = f"checkpoint {path}" if path else f"random weights (seed {rt.config.model.seed})"
-    params = sum(p.numel() for p in rt.model.parameters())
-    return (
-        f"model: {weights}, config {config_name}: {_count(params)} parameters, {arch.num_hidden_layers} layers, "
-        f"hidden {arch.hidden_size}, {arch.num_attention_heads}/{arch.num_key_value_heads} heads, vocab "
-        f"{arch.vocab_size}; device {rt.device}, dtype {str(rt.dtype).removeprefix('torch.')}"
-    )
-
-
-def _count(n: int) -> str:
-    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
-        if n >= scale:
-            return f"{n / scale:.2f}{suffix}"
-    return str(n)
 
 
 def _print_output(out: RequestOutput, tokenizer: Tokenizer | None) -> None:

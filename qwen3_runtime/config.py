@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -122,7 +122,9 @@ class ModelConfig:
 class EngineConfig:
     # auto: cuda when available, else cpu.
     device: str = "auto"
-    max_model_len: int = field(default=4096, metadata=_size(2))
+    # Prompt and generated tokens of a request. None: the model's context (ArchitectureConfig.max_context), capped
+    # by what the KV cache holds (device.size_kv_cache), as vLLM does.
+    max_model_len: int | None = field(default=None, metadata=_size(2))
     max_num_seqs: int = field(default=64, metadata=_size(1))
     # Tokens of one step, as vLLM counts them: the decoding requests riding in a prefill step (a token each) and
     # prompt chunks in the rest, so a longer prompt is prefilled over several steps and this bounds the decoding
@@ -151,6 +153,10 @@ class EngineConfig:
     # cached or preempted (as vLLM's and SGLang's deterministic modes): every step runs as a prefill step (one
     # attention kernel for every token) and every product by a kernel of fixed tiles. Slower; CUDA only.
     batch_invariant: bool = False
+    # Threads of torch's CPU work (process-wide, as torch's setting is). None: torch's own, OMP_NUM_THREADS where
+    # set, else one per core; on a machine other work keeps busy, fewer (often 1) can be much faster, since each
+    # small op waits for its slowest thread.
+    cpu_threads: int | None = field(default=None, metadata=_size(1))
 
     def __post_init__(self) -> None:
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -170,7 +176,7 @@ class EngineConfig:
     @property
     def max_step_tokens(self) -> int:
         """The most tokens a step can hold, which sizes the prefill's buffers: the budget, or every sequence at full
-        length when that is fewer."""
+        length when that is fewer (of a Runtime's config, whose max_model_len is resolved)."""
         return min(self.max_num_batched_tokens, self.max_num_seqs * self.max_model_len)
 
 
@@ -205,6 +211,10 @@ class Config:
     engine: EngineConfig = EngineConfig()
     logprobs: LogprobsConfig = LogprobsConfig()
     generate: GenerateConfig = GenerateConfig()
+
+    def with_max_model_len(self, max_model_len: int) -> Config:
+        """This config with engine.max_model_len resolved (Runtime.config)."""
+        return replace(self, engine=replace(self.engine, max_model_len=max_model_len))
 
 
 def load_config(path: str | Path, overrides: dict[str, Any] | None = None) -> Config:

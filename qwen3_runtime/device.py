@@ -1,10 +1,13 @@
-"""Where the engine runs: the device and dtype from the config, how much memory is free, and how many KV blocks fit."""
+"""Where the engine runs: the device and dtype from the config, how much memory is free, how many KV blocks fit and
+the max_model_len they hold."""
 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 from collections.abc import Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -32,6 +35,13 @@ def resolve_device(name: str) -> torch.device:
     return device
 
 
+def set_cpu_threads(threads: int | None) -> None:
+    """engine.cpu_threads for torch's CPU work; None leaves torch's setting, which it takes from OMP_NUM_THREADS when
+    set (at its start: in the server's spawned engine process too, which inherits the environment)."""
+    if threads is not None:
+        torch.set_num_threads(threads)
+
+
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
@@ -40,10 +50,21 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
 
 def available_memory(device: torch.device) -> int | None:
     """Bytes free for new tensors: the GPU's free memory, or the host's available memory for the CPU
-    (None where it cannot be read)."""
+    (None where it cannot be read); what this process no longer uses counts (release_memory)."""
+    release_memory(device)
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
     return host_available_memory()
+
+
+def release_memory(device: torch.device) -> None:
+    """Free the tensors only reference cycles keep (a dropped Runtime's: its runner's graphs and stager call back
+    into it, so it waits for the cyclic garbage collector) and, on a GPU, hand the caching allocator's free blocks
+    back to the driver, whose free memory would not count them."""
+    gc.collect()
+    if device.type == "cuda":
+        with torch.cuda.device(device):
+            torch.cuda.empty_cache()
 
 
 def host_available_memory() -> int | None:
@@ -93,28 +114,32 @@ def check_weights_fit(num_bytes: int, device: torch.device, dtype: torch.dtype) 
     """A clear error instead of an out-of-memory kill when the weights alone exceed free memory."""
     free = available_memory(device)
     if free is not None and num_bytes > free:
+        held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+        ours = f" ({held / _GIB:.1f} GiB more hold this process's tensors: close() a Runtime no longer used)"
         raise ConfigError(
             f"the model's weights need {num_bytes / _GIB:.1f} GiB in {str(dtype).removeprefix('torch.')} "
-            f"(model.dtype) but {device} has {free / _GIB:.1f} GiB available: use a smaller model, "
-            "a 16-bit model.dtype, or a GPU"
+            f"(model.dtype) but {device} has {free / _GIB:.1f} GiB available{ours if held else ''}: use a smaller "
+            "model, a 16-bit model.dtype, or a GPU"
         )
 
 
-def num_kv_blocks(
+@dataclass(frozen=True)
+class KvCacheSize:
+    num_blocks: int
+    max_model_len: int  # engine.max_model_len, or what null resolved to
+
+
+def size_kv_cache(
     engine: EngineConfig, arch: ArchitectureConfig, device: torch.device, dtype: torch.dtype, reserved: int = 0
-) -> int:
-    """engine.num_kv_blocks (checked to fit), or enough for max_num_seqs full-length sequences, capped by
-    gpu_memory_utilization of the free memory (the GPU's, or the host's on the CPU) less `reserved` bytes (what
-    the worst step needs: memory_profile.py)."""
-    needed = cdiv(engine.max_model_len, engine.block_size)
+) -> KvCacheSize:
+    """The KV cache's blocks: engine.num_kv_blocks (checked to fit), or enough for max_num_seqs full-length sequences,
+    capped by gpu_memory_utilization of the free memory (the GPU's, or the host's on the CPU) less `reserved` bytes
+    (what the worst step needs: memory_profile.py). And max_model_len: the engine's, which one sequence must fit in
+    the cache, or where it is null the model's context (arch.max_context) capped by what the cache holds, as vLLM's
+    automatic max_model_len: an error only when not even one request fits."""
     free = available_memory(device)
     per_block = kv_bytes_per_block(arch, engine.block_size, dtype)
     if engine.num_kv_blocks is not None:
-        if engine.num_kv_blocks < needed:
-            raise ConfigError(
-                f"engine.num_kv_blocks={engine.num_kv_blocks} is too small: one engine.max_model_len="
-                f"{engine.max_model_len} sequence needs {needed} blocks of engine.block_size={engine.block_size}"
-            )
         if free is not None and engine.num_kv_blocks * per_block > free - reserved:
             raise ConfigError(
                 f"engine.num_kv_blocks={engine.num_kv_blocks} needs {engine.num_kv_blocks * per_block / _GIB:.2f} GiB "
@@ -122,16 +147,41 @@ def num_kv_blocks(
                 + (f", less {reserved / _GIB:.2f} GiB for the largest step" if reserved else "")
                 + ": lower engine.num_kv_blocks, or leave it null to size the cache from the free memory"
             )
-        return engine.num_kv_blocks
-    blocks = engine.max_num_seqs * cdiv(engine.max_model_len, engine.block_size)
-    if free is None:
-        return blocks
-    fit = max(0, int(free * engine.gpu_memory_utilization) - reserved) // per_block
-    if fit < needed:
-        raise ConfigError(
-            f"the KV cache fits {fit} blocks in engine.gpu_memory_utilization={engine.gpu_memory_utilization} of "
-            f"the {free / _GIB:.2f} GiB free on {device}, less {reserved / _GIB:.2f} GiB for the largest step, but "
-            f"one engine.max_model_len={engine.max_model_len} sequence needs {needed}: lower "
-            "engine.max_model_len, engine.max_num_batched_tokens or engine.max_num_seqs, or use a smaller model"
+        capacity = engine.num_kv_blocks
+        source, remedy = f"engine.num_kv_blocks={capacity}", "raise engine.num_kv_blocks"
+    elif free is None:  # no bound known: max_num_seqs sequences of the context
+        max_model_len = engine.max_model_len or arch.max_context
+        return KvCacheSize(engine.max_num_seqs * cdiv(max_model_len, engine.block_size), max_model_len)
+    else:
+        capacity = max(0, int(free * engine.gpu_memory_utilization) - reserved) // per_block
+        source = (
+            f"in engine.gpu_memory_utilization={engine.gpu_memory_utilization} of the {free / _GIB:.2f} GiB free on "
+            f"{device}, less {reserved / _GIB:.2f} GiB for the largest step"
         )
-    return min(blocks, fit)
+        remedy = (
+            "raise engine.gpu_memory_utilization, lower engine.max_num_batched_tokens or engine.max_num_seqs, or use "
+            "a smaller model"
+        )
+    max_model_len = _max_model_len(engine, arch, capacity, source, remedy)
+    wanted = engine.max_num_seqs * cdiv(max_model_len, engine.block_size)
+    return KvCacheSize(engine.num_kv_blocks or min(wanted, capacity), max_model_len)
+
+
+def _max_model_len(engine: EngineConfig, arch: ArchitectureConfig, capacity: int, source: str, remedy: str) -> int:
+    """engine.max_model_len, checked to fit the cache's `capacity` blocks, or the model's context capped by them;
+    `source` says where the capacity comes from, `remedy` which keys raise it."""
+    if engine.max_model_len is None:
+        if capacity * engine.block_size < 2:
+            raise ConfigError(
+                f"the KV cache fits {capacity} blocks of engine.block_size={engine.block_size} ({source}): not even "
+                f"one request fits (a prompt token and a generated one): {remedy}"
+            )
+        return min(arch.max_context, capacity * engine.block_size)
+    needed = cdiv(engine.max_model_len, engine.block_size)
+    if capacity < needed:
+        raise ConfigError(
+            f"the KV cache fits {capacity} blocks of engine.block_size={engine.block_size} ({source}) but one "
+            f"engine.max_model_len={engine.max_model_len} sequence needs {needed}: lower engine.max_model_len (null: "
+            f"the most the cache holds), or {remedy}"
+        )
+    return engine.max_model_len

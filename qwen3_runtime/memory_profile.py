@@ -1,7 +1,7 @@
 """What the worst step the config allows needs on the GPU beyond the weights and the runner's static buffers,
 measured before the KV cache is sized, so that the cache leaves room for it (vLLM's profile run).
 
-Two steps run eagerly on a scratch KV cache of one full-length sequence's blocks: a prefill of every token the
+Two steps run eagerly on a scratch KV cache of the longest prompt's blocks: a prefill of every token the
 step budget allows over max_num_seqs requests (prompts of up to max_model_len - 1 tokens, the rest one-token
 rows, as decoding rows ride), every prompt asking the largest prompt logprobs and every row the
 largest processed logprobs, with top-p alone and penalties (the sort of the processed values, which those
@@ -27,7 +27,13 @@ def worst_step_bytes(runner: ModelRunner, config: Config, dtype: torch.dtype) ->
     """Bytes to set aside for the runner's work before the KV cache is sized; the runner's cache, if any, is
     back in place after. On a CPU the steps run but nothing is measured (0): the Runtime profiles GPUs only."""
     engine, arch = config.engine, runner.model.config
-    num_blocks = cdiv(engine.max_model_len, engine.block_size)
+    rows, budget, lengths = engine.max_num_seqs, engine.max_num_batched_tokens, []
+    while len(lengths) < rows:
+        lengths.append(min(budget - (rows - len(lengths) - 1), engine.max_model_len - 1))
+        budget -= lengths[-1]
+    # Every request writes the same blocks: the longest prompt's (or the decoding rows' two tokens). Not a
+    # full-length sequence's, which need not fit in memory where max_model_len is the model's context.
+    num_blocks = cdiv(max(*lengths, 2), engine.block_size)
     cache, runner.kv_cache = (
         runner.kv_cache,
         allocate_kv_cache(arch, num_blocks, engine.block_size, dtype, runner.device),
@@ -40,10 +46,6 @@ def worst_step_bytes(runner: ModelRunner, config: Config, dtype: torch.dtype) ->
         prompt_logprobs=None if on_host else k, repetition_penalty=1.1,
     )  # fmt: skip
     table = list(range(num_blocks))
-    rows, budget, lengths = engine.max_num_seqs, engine.max_num_batched_tokens, []
-    while len(lengths) < rows:
-        lengths.append(min(budget - (rows - len(lengths) - 1), engine.max_model_len - 1))
-        budget -= lengths[-1]
     prefill = [_request(-1 - i, [0] * n, params, table) for i, n in enumerate(lengths)]
     decode = [_request(-1 - len(lengths) - i, [0, 0], params, table) for i in range(engine.max_num_seqs)]
     peaks = []

@@ -10,12 +10,20 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from qwen3_runtime import ops
 from qwen3_runtime.block_manager import BlockManager
-from qwen3_runtime.config import Config, ConfigError, load_config
-from qwen3_runtime.device import allocations_sized_by_config, num_kv_blocks, resolve_device, resolve_dtype
+from qwen3_runtime.config import ArchitectureConfig, Config, ConfigError, EngineConfig, load_config
+from qwen3_runtime.device import (
+    allocations_sized_by_config,
+    release_memory,
+    resolve_device,
+    resolve_dtype,
+    set_cpu_threads,
+    size_kv_cache,
+)
 from qwen3_runtime.kv_cache import allocate_kv_cache
 from qwen3_runtime.loader import load_model, model_architecture, read_sampling_defaults
 from qwen3_runtime.memory_profile import worst_step_bytes
@@ -25,6 +33,7 @@ from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate
 from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
 from qwen3_runtime.stats import RunnerStats
+from qwen3_runtime.summary import EngineSummary
 from qwen3_runtime.tokenizer import Tokenizer, load_tokenizer
 from qwen3_runtime.validation import check_text, plain_token_ids
 
@@ -33,30 +42,23 @@ Prompt = list[int] | str | list[dict]
 
 
 class Runtime:
+    """The engine over one model. close() (or a `with` block) releases its memory at once: a Runtime merely dropped
+    keeps it until the garbage collector's next full pass, or until the next Runtime is built."""
+
     def __init__(self, config: Config) -> None:
-        self.config = config
+        """`config` as given; self.config is it with engine.max_model_len resolved."""
         engine = config.engine
         self.device = resolve_device(engine.device)
         if engine.batch_invariant and not (self.device.type == "cuda" or ops.TRITON_INTERPRET):
             # (Triton's interpreter runs the mode for tests, but its dots are numpy's, which are not invariant.)
             raise ConfigError("engine.batch_invariant=true needs a CUDA device: its kernels are Triton's")
         self.dtype = resolve_dtype(config.model.dtype, self.device)
+        set_cpu_threads(engine.cpu_threads)  # before the weights load or initialize on the CPU
         arch = model_architecture(config.model)
-        if engine.max_model_len > arch.max_context:  # before the weights load, which may take minutes
-            limit = "max_position_embeddings" if arch.rope_scaling is None else "rope_scaling's context"
-            raise ConfigError(
-                f"engine.max_model_len={engine.max_model_len} is out of range: must be <= "
-                f"{limit}={arch.max_context} of the model"
-            )
+        context = _context(engine, arch)  # before the weights load, which may take minutes
         self.model = load_model(config.model, self.device, self.dtype)
-        self.model.build_rope_table(engine.max_model_len)
-        with allocations_sized_by_config(self.device):
-            self.runner = ModelRunner(self.model, config)
-            # The worst step's memory is set aside before the KV cache takes its share of what is free.
-            reserved = worst_step_bytes(self.runner, config, self.dtype) if self.device.type == "cuda" else 0
-            num_blocks = num_kv_blocks(engine, arch, self.device, self.dtype, reserved)
-            self.kv_cache = allocate_kv_cache(arch, num_blocks, engine.block_size, self.dtype, self.device)
-            self.runner.attach_kv_cache(self.kv_cache)
+        num_blocks = self._allocate(config, arch, context)
+        engine = self.config.engine
         self.scheduler = Scheduler(engine, BlockManager(num_blocks, engine.block_size, engine.prefix_caching))
         self.eos_token_ids = set(arch.eos_token_ids)
         # What every request is checked against (and the server's API process, before a request is sent here).
@@ -73,10 +75,63 @@ class Runtime:
         self._updates: list[RequestUpdate] = []  # of streamed requests, until taken
         # Returned by the next step(): aborted requests', and those of other requests a generate() call ran to the end.
         self._undelivered: list[RequestOutput] = []
+        self._closed = False
+        # The model, dtype, device, limits, KV capacity and graphs, as `generate` and `serve` print them.
+        self.summary = EngineSummary.of(self, config.engine.max_model_len)
+
+    def _allocate(self, config: Config, arch: ArchitectureConfig, context: int) -> int:
+        """The runner and the KV cache, and self.config; returns the cache's blocks.
+
+        The runner is built and the worst step profiled for `context` before the cache is sized; where the cache
+        holds less (max_model_len null), the runner is built again for what it holds, before any graph is captured,
+        so its buffers, block tables and attention splits match the limit. The profile still bounds the steps: a
+        shorter max_model_len only cuts the same token budget into shorter prompts."""
+        with allocations_sized_by_config(self.device):
+            self.config = config.with_max_model_len(context)
+            self.runner = self._new_runner()
+            # The worst step's memory is set aside before the KV cache takes its share of what is free.
+            reserved = worst_step_bytes(self.runner, self.config, self.dtype) if self.device.type == "cuda" else 0
+            size = size_kv_cache(config.engine, arch, self.device, self.dtype, reserved)
+            if size.max_model_len < context:
+                del self.runner  # freed by release_memory (its graphs and stager call back into it: a cycle)
+                release_memory(self.device)
+                self.config = config.with_max_model_len(size.max_model_len)
+                self.runner = self._new_runner()
+            block_size = config.engine.block_size
+            self.kv_cache = allocate_kv_cache(arch, size.num_blocks, block_size, self.dtype, self.device)
+            self.runner.attach_kv_cache(self.kv_cache)
+        return size.num_blocks
+
+    def _new_runner(self) -> ModelRunner:
+        self.model.build_rope_table(self.config.engine.max_model_len)
+        return ModelRunner(self.model, self.config)
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Runtime:
         return cls(load_config(path, overrides))
+
+    def close(self) -> None:
+        """Release the KV cache, the CUDA graphs and the weights now, so that another Runtime in this process has
+        their memory; requests still running are dropped, and add_request or step raise RuntimeError after.
+        Closing again does nothing."""
+        if self._closed:
+            return
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # a step in flight still uses the buffers
+        self._closed, self._in_flight = True, None
+        self._live.clear()
+        del self.runner, self.kv_cache, self.model, self.scheduler
+        release_memory(self.device)
+
+    def __enter__(self) -> Runtime:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this Runtime is closed")
 
     @property
     def vocab_size(self) -> int:
@@ -103,6 +158,7 @@ class Runtime:
         `prompt`: token ids, text, or chat messages (through the tokenizer's chat template, given
         `chat_template_kwargs`: Qwen3's enable_thinking, as vLLM's LLM.chat takes them). `stream`: report its tokens
         step by step through take_updates()."""
+        self._check_open()
         prompt, params = self._validate(self._token_ids(prompt, chat_template_kwargs or {}), params)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         req = Request(self._new_id(), prompt, params, seed=seed, stream=stream, arrival_time=time.perf_counter())
@@ -147,6 +203,7 @@ class Runtime:
         decoding rows' input tokens the device reads from the step in flight) before processing it, so the
         host schedules and stages while the GPU runs, and the tokens of the step in flight go out while the
         next one runs, a prefill step too."""
+        self._check_open()
         previous, self._in_flight = self._in_flight, None
         finished, self._undelivered = self._undelivered, []
         reqs, is_prefill = self.scheduler.schedule(finishing=self._ending(previous))
@@ -277,6 +334,20 @@ class Runtime:
     def _validate(self, prompt: object, params: object) -> tuple[list[int], SamplingParams]:
         """The prompt as ints and a checked copy of the params; ValueError names what is wrong."""
         return check_request(prompt, params, self.limits)
+
+
+def _context(engine: EngineConfig, arch: ArchitectureConfig) -> int:
+    """The max_model_len the engine is built for before its KV cache is sized: engine.max_model_len, which the model
+    must serve, or the model's context."""
+    if engine.max_model_len is None:
+        return arch.max_context
+    if engine.max_model_len > arch.max_context:
+        limit = "max_position_embeddings" if arch.rope_scaling is None else "rope_scaling's context"
+        raise ConfigError(
+            f"engine.max_model_len={engine.max_model_len} is out of range: must be <= "
+            f"{limit}={arch.max_context} of the model"
+        )
+    return engine.max_model_len
 
 
 def _one_prompt(prompts: object) -> bool:

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 
 from qwen3_runtime import RequestOutput, Runtime, SamplingParams
-from qwen3_runtime.config import load_config, parse_override
+from qwen3_runtime.config import EngineConfig, load_config, parse_override
 from scripts.bench_serve import BenchConfig, RequestSpec, benchmark
 from scripts.bench_serving import scrape, server, server_view
 from scripts.floors import prefill_flops, weight_bytes
@@ -63,6 +63,11 @@ def build(args: argparse.Namespace, overrides: dict) -> Runtime:
     them), once the previous part's runtime is gone."""
     release()
     return Runtime.from_yaml(args.config, overrides={**args.overrides, **overrides})
+
+
+def room_for(engine: EngineConfig, tokens: int) -> dict:
+    """The override raising engine.max_model_len to hold `tokens`; none where it is null (the model's context)."""
+    return {} if engine.max_model_len is None else {"engine.max_model_len": max(engine.max_model_len, tokens)}
 
 
 def release() -> None:
@@ -117,7 +122,7 @@ def shapes(args: argparse.Namespace) -> Iterator[dict]:
     engine = args.cfg.engine
     rt = build(args, {
         "engine.max_num_batched_tokens": max(engine.max_num_batched_tokens, *(b * n for b, n in sizes)),
-        "engine.max_model_len": max(engine.max_model_len, *(n + 1 for _, n in sizes)),
+        **room_for(engine, max(n + 1 for _, n in sizes)),
         "engine.max_num_seqs": max(b for b, _ in sizes),
         "engine.prefix_caching": False,
     })  # fmt: skip
@@ -214,7 +219,7 @@ def arrivals_at(args: argparse.Namespace, chunk: int) -> list[dict]:
     (p_lo, p_hi), (o_lo, o_hi) = args.prompt_range, args.output_range
     overrides = {
         "engine.max_num_batched_tokens": chunk,
-        "engine.max_model_len": max(args.cfg.engine.max_model_len, p_hi + o_hi),
+        **room_for(args.cfg.engine, p_hi + o_hi),
     }
     rt = build(args, overrides)
     rng = np.random.default_rng(args.seed)
@@ -289,9 +294,7 @@ def prefix_ttfts(args: argparse.Namespace, caching: bool) -> dict:
     previous one finished (greedy, --answer-tokens), on a runtime of its own warmed up by unrelated
     requests, and the block manager's hit rate over them (tokens whose KV came from the cache / tokens looked up)."""
     longest = args.system_len + args.question_range[1] + args.answer_tokens
-    rt = build(
-        args, {"engine.prefix_caching": caching, "engine.max_model_len": max(args.cfg.engine.max_model_len, longest)}
-    )
+    rt = build(args, {"engine.prefix_caching": caching, **room_for(args.cfg.engine, longest)})
     rng, params = np.random.default_rng(args.seed), SamplingParams(max_tokens=args.answer_tokens, **GREEDY)
     system = prompts_of(rng, rt.vocab_size, [args.system_len])[0]
     lengths = rng.integers(args.question_range[0], args.question_range[1] + 1, args.questions).tolist()
@@ -322,7 +325,7 @@ def prompt(args: argparse.Namespace) -> Iterator[dict]:
     n, engine = args.prompt_len, args.cfg.engine
     rt = build(args, {
         "engine.max_num_batched_tokens": max(engine.max_num_batched_tokens, n),
-        "engine.max_model_len": max(engine.max_model_len, n + 1),
+        **room_for(engine, n + 1),
         "engine.prefix_caching": False,
     })  # fmt: skip
     rng, times, reads = np.random.default_rng(args.seed), {None: [], 5: []}, []

@@ -45,13 +45,14 @@ for step in $steps; do
     # then, in the next call while the machine is warm, the offline replay and every check. Both run
     # batch-invariant (engine.batch_invariant): a request's bits then do not depend on what ran beside it, so the
     # replay, 64 requests at a time, must match exactly (no near-tie allowance). A KV cache of 4,096 blocks
-    # (65,536 tokens), so that the bursts of long prompts preempt.
+    # (65,536 tokens), so that the bursts of long prompts (near a max_model_len of 4,096: the workload's lengths
+    # follow it, and the model's own 40,960 would outlast the run) preempt.
     soak) run python3 -m scripts.soak --serve "$OUT/soak_server.log" --config qwen3-4b --requests 10000 \
-            --set engine.num_kv_blocks=4096 --set engine.batch_invariant=true --concurrency 64 --duration-limit 430 \
-            --save /tmp/soak_load.pkl --replay-max 0 --out "$OUT/soak_load.json" ;;
+            --set engine.num_kv_blocks=4096 --set engine.max_model_len=4096 --set engine.batch_invariant=true \
+            --concurrency 64 --duration-limit 430 --save /tmp/soak_load.pkl --replay-max 0 --out "$OUT/soak_load.json" ;;
     soak_replay) run python3 -m scripts.soak --replay-from /tmp/soak_load.pkl --config qwen3-4b \
-                   --set engine.num_kv_blocks=4096 --set engine.batch_invariant=true --replay-group 64 --tie-tol 0 \
-                   --out "$OUT/soak.json" ;;
+                   --set engine.num_kv_blocks=4096 --set engine.max_model_len=4096 --set engine.batch_invariant=true \
+                   --replay-group 64 --tie-tol 0 --out "$OUT/soak.json" ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

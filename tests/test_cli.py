@@ -55,8 +55,8 @@ def _tokenizer_without_template(tmp_path):
     [
         ("no_path", ["model.path=", "nowhere", "not a directory"]),
         ("cuda", ["engine.device='cuda'", "no CUDA device"]),
-        ("kv_blocks", ["engine.num_kv_blocks=1", "too small"]),
-        ("max_model_len", ["engine.max_model_len=4096", "max_position_embeddings=2048"]),
+        ("kv_blocks", ["engine.num_kv_blocks=1", "engine.max_model_len=256 sequence needs 16"]),
+        ("max_model_len", ["engine.max_model_len=4096", "max_position_embeddings=256"]),
         ("yaml", ["bad.yaml", "not valid YAML", "at line 3"]),
         ("empty_safetensors", ["model.safetensors", "not a readable safetensors file"]),
         ("truncated_safetensors", ["model.safetensors", "not a readable safetensors file"]),
@@ -65,7 +65,7 @@ def _tokenizer_without_template(tmp_path):
         ("config_json_wrong_type", ["config.json", "hidden_size='64'", "expected an integer"]),
         ("prompt_ids", ["--prompt-ids '1,,2'", "entry 1 is empty"]),
         ("set_yaml", ["--set", "not valid YAML"]),
-        ("no_tokenizer", ["model.tokenizer=", "tokenizer.json", "not found"]),
+        ("no_tokenizer", ["model.path=", "has no tokenizer.json", "set model.tokenizer", "builtin"]),
         ("no_chat_template", ["no chat template"]),
     ],
 )
@@ -81,7 +81,7 @@ def test_user_errors_are_one_line_and_exit_2(case, words, capsys, monkeypatch, t
     args = {
         "no_path": lambda: ["--set", f"model.path={tmp_path / 'nowhere'}"],
         "cuda": lambda: ["--set", "engine.device=cuda"],
-        "kv_blocks": lambda: ["--set", "engine.num_kv_blocks=1"],
+        "kv_blocks": lambda: ["--set", "engine.num_kv_blocks=1", "--set", "engine.max_model_len=256"],
         "max_model_len": lambda: ["--set", "engine.max_model_len=4096"],
         "yaml": lambda: ["--config", str(bad_yaml)],
         "empty_safetensors": lambda: ckpt("model.safetensors", b""),
@@ -117,10 +117,11 @@ def test_prints_model_line_prompt_and_output_logprobs(capsys):
     )
     assert rc == 0, err
     lines = out.splitlines()
-    assert (
-        lines[0].startswith("model: random weights (seed 0), config tiny: ") and "device cpu, dtype float32" in lines[0]
+    assert lines[0].startswith("model: random weights (seed 0), ") and "(2 layers, hidden 64, " in lines[0]
+    assert "vocab 151936); float32 on cpu with " in lines[0]
+    assert lines[0].endswith(
+        "max_model_len 256 (the model's context), max_num_seqs 8; KV cache 2048 tokens; CUDA graphs: none"
     )
-    assert "vocab 151936" in lines[0] and "2 layers" in lines[0]
     assert lines[1].startswith("[0] prompt 3 tokens -> 2 tokens")
     assert lines[2].startswith("    prompt 1: token 6 logprob ") and " top [" in lines[2]
     assert lines[3].startswith("    prompt 2: token 7 logprob ")

@@ -65,8 +65,15 @@ def test_bad_values_name_the_dotted_key(overrides, words):
 
 def test_a_step_holds_at_most_every_sequence_at_full_length():
     """So a budget far past it sizes no buffer past it."""
-    assert load_config("tiny").engine.max_step_tokens == 1024
-    assert load_config("tiny", {"engine.max_num_batched_tokens": 10**8}).engine.max_step_tokens == 8 * 256
+    assert load_config("tiny", {"engine.max_model_len": 256}).engine.max_step_tokens == 1024
+    huge_budget = {"engine.max_model_len": 256, "engine.max_num_batched_tokens": 10**8}
+    assert load_config("tiny", huge_budget).engine.max_step_tokens == 8 * 256
+
+
+@pytest.mark.parametrize("name", bundled_configs())
+def test_bundled_configs_leave_max_model_len_to_the_model(name):
+    """So a checkpoint given as model.path serves its own context (Runtime resolves it, capped by the KV cache)."""
+    assert load_config(name).engine.max_model_len is None
 
 
 def test_bad_override_text_and_missing_file(tmp_path):

@@ -17,22 +17,46 @@ def test_host_memory_is_read():
     assert free is None or free > 0
 
 
-def test_cpu_kv_cache_is_capped_by_available_memory(monkeypatch):
-    """Qwen3-0.6B's 256 full-length sequences would take 240 GB; on the CPU the cap is the host's memory."""
-    monkeypatch.setattr(dev, "host_available_memory", lambda: 2 * GIB)
+def test_cpu_kv_cache_is_capped_by_available_memory_and_max_model_len_by_the_cache(monkeypatch):
+    """Qwen3-0.6B's 256 sequences of its 40,960 tokens would take 2.4 TB; on the CPU the cap is the host's memory.
+    max_model_len null takes what that cache holds where it is less than the model's context; an explicit one must
+    fit, and null too once not even two tokens fit."""
     cfg = load_config("qwen3-0.6b")
     arch, engine = cfg.model.architecture, cfg.engine
-    blocks = dev.num_kv_blocks(engine, arch, CPU, torch.float32)
-    assert blocks == int(2 * GIB * engine.gpu_memory_utilization) // kv_bytes_per_block(arch, 16, torch.float32)
+    per_block = kv_bytes_per_block(arch, 16, torch.float32)
+    explicit = dataclasses.replace(engine, max_model_len=4096)
+    monkeypatch.setattr(dev, "host_available_memory", lambda: 2 * GIB)
+    fit = int(2 * GIB * engine.gpu_memory_utilization) // per_block
+    assert dev.size_kv_cache(engine, arch, CPU, torch.float32) == dev.KvCacheSize(fit, 16 * fit)
+    assert dev.size_kv_cache(explicit, arch, CPU, torch.float32) == dev.KvCacheSize(fit, 4096)
+    monkeypatch.setattr(dev, "host_available_memory", lambda: 64 * GIB)
+    assert dev.size_kv_cache(engine, arch, CPU, torch.float32).max_model_len == 40960  # the model's context
     monkeypatch.setattr(dev, "host_available_memory", lambda: 64 * 1024**2)
-    with pytest.raises(ConfigError, match=r"fits \d+ blocks.*engine.max_model_len=4096 sequence needs 256"):
-        dev.num_kv_blocks(engine, arch, CPU, torch.float32)
+    with pytest.raises(ConfigError, match=r"fits 16 blocks.*but one engine.max_model_len=4096 sequence needs 256"):
+        dev.size_kv_cache(explicit, arch, CPU, torch.float32)
+    assert dev.size_kv_cache(engine, arch, CPU, torch.float32) == dev.KvCacheSize(16, 256)
+    monkeypatch.setattr(dev, "host_available_memory", lambda: per_block)
+    with pytest.raises(
+        ConfigError,
+        match=r"^the KV cache fits 0 blocks of engine.block_size=16 \(in engine.gpu_memory_utilization=0.9 of the "
+        r"0.00 GiB free on cpu, less 0.00 GiB for the largest step\): not even one request fits \(a prompt token and a "
+        r"generated one\): raise engine.gpu_memory_utilization, lower engine.max_num_batched_tokens or "
+        r"engine.max_num_seqs, or use a smaller model$",
+    ):
+        dev.size_kv_cache(engine, arch, CPU, torch.float32)
 
 
-def test_too_few_kv_blocks_names_the_key():
+def test_too_few_kv_blocks_names_the_key_or_cap_max_model_len():
     cfg = load_config("tiny", {"engine.num_kv_blocks": 1})
-    with pytest.raises(ConfigError, match=r"engine.num_kv_blocks=1 is too small.*needs 16 blocks"):
-        dev.num_kv_blocks(cfg.engine, cfg.model.architecture, CPU, torch.float32)
+    engine, arch = cfg.engine, cfg.model.architecture
+    assert dev.size_kv_cache(engine, arch, CPU, torch.float32) == dev.KvCacheSize(1, 16)
+    with pytest.raises(
+        ConfigError,
+        match=r"fits 1 blocks of engine.block_size=16 \(engine.num_kv_blocks=1\) but one engine.max_model_len=256 "
+        r"sequence needs 16: lower engine.max_model_len \(null: the most the cache holds\), or raise "
+        r"engine.num_kv_blocks$",
+    ):
+        dev.size_kv_cache(dataclasses.replace(engine, max_model_len=256), arch, CPU, torch.float32)
 
 
 def test_explicit_kv_blocks_must_fit_the_free_memory(monkeypatch):
@@ -43,11 +67,11 @@ def test_explicit_kv_blocks_must_fit_the_free_memory(monkeypatch):
     with pytest.raises(
         ConfigError, match=r"^engine.num_kv_blocks=1000000 needs \d+\.\d\d GiB but cpu has 1.00 GiB free: "
     ):
-        dev.num_kv_blocks(engine, arch, CPU, torch.float32)
+        dev.size_kv_cache(engine, arch, CPU, torch.float32)
     fits = load_config("tiny", {"engine.num_kv_blocks": GIB // 2 // per_block}).engine
-    assert dev.num_kv_blocks(fits, arch, CPU, torch.float32) == GIB // 2 // per_block
+    assert dev.size_kv_cache(fits, arch, CPU, torch.float32) == dev.KvCacheSize(GIB // 2 // per_block, 256)
     with pytest.raises(ConfigError, match=r"free, less 0.75 GiB for the largest step: lower engine.num_kv_blocks"):
-        dev.num_kv_blocks(fits, arch, CPU, torch.float32, reserved=3 * GIB // 4)
+        dev.size_kv_cache(fits, arch, CPU, torch.float32, reserved=3 * GIB // 4)
 
 
 def test_running_out_of_memory_while_sizing_the_engine_names_the_keys(monkeypatch, make_runtime, tiny_checkpoint):
@@ -98,3 +122,15 @@ def test_missing_cuda_device_is_a_config_error(monkeypatch):
     for name in ("cuda:abc", "cuda:-1", "cudafoo"):  # past the config's prefix check, refused by torch
         with pytest.raises(ConfigError, match=rf"engine.device='{name}' is invalid: use auto, cpu, cuda or cuda:N"):
             dev.resolve_device(name)
+
+
+def test_engine_cpu_threads_reach_torch_and_null_leaves_torchs_own(make_runtime, tiny_checkpoint):
+    threads = torch.get_num_threads()
+    try:
+        make_runtime(tiny_checkpoint, engine__cpu_threads=1)
+        assert torch.get_num_threads() == 1
+        torch.set_num_threads(3)  # as OMP_NUM_THREADS=3 would have set it at torch's start
+        make_runtime(tiny_checkpoint)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(threads)

@@ -52,7 +52,7 @@ def test_preemption_recomputes_without_changing_tokens(make_runtime, tiny_checkp
     "prompt, params, words",
     [
         ([], GREEDY, ["prompt is empty"]),
-        ([1] * 257, GREEDY, ["prompt has 257 tokens", "max_model_len=256"]),
+        ([1] * 513, GREEDY, ["prompt has 513 tokens", "max_model_len=512"]),  # the checkpoint's context
         ([1, 512, 3], GREEDY, ["prompt[1]=512", "[0, 512)"]),
         ([1, -1], GREEDY, ["prompt[1]=-1"]),
         ([1, 2], SamplingParams(stop_token_ids=[9999]), ["stop_token_ids[0]=9999"]),
@@ -79,8 +79,8 @@ def test_finish_reasons(make_runtime, tiny_checkpoint):
     stop_at = free[4]
     stopped = rt.generate([[1, 2, 3]], SamplingParams(max_tokens=32, temperature=0, stop_token_ids=[stop_at]))[0]
     assert stopped.finish_reason == "stop" and stopped.token_ids == free[: free.index(stop_at) + 1]
-    near_limit = rt.generate([[1] * 250], GREEDY)[0]
-    assert near_limit.finish_reason == "length" and len(near_limit.token_ids) == 6  # max_model_len 256
+    near_limit = rt.generate([[1] * 506], GREEDY)[0]  # max_model_len 512: the checkpoint's
+    assert near_limit.finish_reason == "length" and len(near_limit.token_ids) == 6
 
 
 def test_eos_stops_unless_ignored(make_runtime, tiny_checkpoint):

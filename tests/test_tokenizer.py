@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from qwen3_runtime.tokenizer import QWEN3_ADDED_TOKENS, IncrementalDetokenizer, Tokenizer
+from qwen3_runtime.config import ConfigError, ModelConfig
+from qwen3_runtime.tokenizer import QWEN3_ADDED_TOKENS, IncrementalDetokenizer, Tokenizer, load_tokenizer
 from qwen3_runtime.tokenizer import builtin as tokmod
 from qwen3_runtime.tokenizer.chat_template import ChatTemplateError
 
@@ -368,6 +369,17 @@ def test_from_checkpoint_bad_tokenizer_json(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a valid tokenizers file") as err:
         Tokenizer.from_checkpoint(tmp_path)
     assert str(tmp_path / "tokenizer.json") in str(err.value)
+
+
+def test_a_checkpoint_without_tokenizer_json_is_an_error_naming_both_settings(tok: Tokenizer, tmp_path: Path) -> None:
+    """No silent fallback to Qwen3's tokenizer: the user says whether the checkpoint's vocabulary is Qwen3's."""
+    with pytest.raises(ConfigError) as err:
+        load_tokenizer(ModelConfig(path=str(tmp_path)))
+    assert str(err.value).startswith(f"model.path={str(tmp_path)!r} has no tokenizer.json: set model.tokenizer to ")
+    assert "or to builtin, Qwen3's own, if the checkpoint keeps Qwen3's vocabulary (vocab_size 151936" in str(err.value)
+    assert load_tokenizer(ModelConfig(path=str(tmp_path), tokenizer="builtin")).encode("Hello world") == [9707, 1879]
+    with pytest.raises(ConfigError, match=rf"^model.tokenizer={str(tmp_path)!r}: .*tokenizer.json: file not found"):
+        load_tokenizer(ModelConfig(path=str(tmp_path), tokenizer=str(tmp_path)))
 
 
 def test_chat_template_type_errors_are_chat_template_errors(tok: Tokenizer) -> None:

@@ -41,7 +41,7 @@ def run_engine(config: str, overrides: dict[str, Any], inbox: Connection, outbox
     except Exception as e:  # a bad config or checkpoint: the API process reports it and exits
         outbox.send(Failed(f"{e}" if isinstance(e, ValueError) else traceback.format_exc()))
         return
-    ready = Ready(rt.limits, rt.sampling_defaults, rt.scheduler.blocks.num_blocks, rt.stats.capture_s)
+    ready = Ready(rt.limits, rt.sampling_defaults, rt.summary)
     freeze_startup_objects()
     outbox.send(ready)
     EngineLoop(rt, inbox, outbox).run()

@@ -69,8 +69,7 @@ def serve(
         metrics = ServerMetrics()
         client = EngineClient(config, overrides, metrics)
         ready = client.start()
-        graphs = f"CUDA graphs captured in {ready.capture_s:.1f} s" if ready.capture_s else "no CUDA graphs"
-        print(f"INFO:     engine ready: {ready.num_kv_blocks} KV blocks, {graphs}", flush=True)
+        print(f"INFO:     engine ready: {ready.summary}", flush=True)
         if ready.sampling_defaults:  # vLLM warns too: a request's defaults are not OpenAI's
             shown = ", ".join(f"{k}={v}" for k, v in ready.sampling_defaults.items())
             print(

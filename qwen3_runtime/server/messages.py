@@ -10,6 +10,7 @@ from typing import Any, NamedTuple
 from qwen3_runtime.params import RequestLimits, SamplingParams
 from qwen3_runtime.request import RequestUpdate
 from qwen3_runtime.stats import RunnerStats
+from qwen3_runtime.summary import EngineSummary
 
 
 class AddRequest(NamedTuple):
@@ -53,8 +54,7 @@ class Ready(NamedTuple):
 
     limits: RequestLimits
     sampling_defaults: dict[str, Any]  # Runtime.sampling_defaults: what requests leaving those fields unset take
-    num_kv_blocks: int
-    capture_s: float  # the CUDA graphs' capture (0 without them)
+    summary: EngineSummary  # Runtime.summary: the model, its limits, KV capacity and graphs
 
 
 class Failed(NamedTuple):

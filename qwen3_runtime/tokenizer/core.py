@@ -133,9 +133,19 @@ def _entry(table: list, token_id: int, past_the_vocabulary: bytes | str) -> byte
 
 def load_tokenizer(model: ModelConfig) -> Tokenizer:
     """model.tokenizer: builtin (Qwen3's, for random weights) or a directory with tokenizer.json; unset, the
-    checkpoint's own (model.path), else the built-in one."""
-    source = model.tokenizer or model.path
+    checkpoint's own (model.path), or the built-in one for random weights. A checkpoint without a tokenizer is an
+    error naming both settings, not a fallback to Qwen3's: a fine-tune's own tokens would be read wrong without a
+    word, and only the user knows whether its vocabulary is Qwen3's."""
+    if model.tokenizer == "builtin" or (model.tokenizer is None and model.path is None):
+        return Tokenizer.builtin_qwen3()
+    key, source = ("model.tokenizer", model.tokenizer) if model.tokenizer else ("model.path", model.path)
+    if model.tokenizer is None and not (Path(source) / "tokenizer.json").is_file():
+        raise ConfigError(
+            f"model.path={source!r} has no tokenizer.json: set model.tokenizer to a directory with the model's "
+            "tokenizer.json and tokenizer_config.json (its base model's), or to builtin, Qwen3's own, if the "
+            "checkpoint keeps Qwen3's vocabulary (vocab_size 151936 in config.json, as every Qwen3 size has)"
+        )
     try:
-        return Tokenizer.builtin_qwen3() if source in (None, "builtin") else Tokenizer.from_checkpoint(source)
+        return Tokenizer.from_checkpoint(source)
     except ValueError as e:
-        raise ConfigError(f"model.tokenizer={source!r}: {e}") from None
+        raise ConfigError(f"{key}={source!r}: {e}") from None

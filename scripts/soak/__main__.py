@@ -102,9 +102,8 @@ async def soak(args: argparse.Namespace) -> tuple[list[Result], float, dict, dic
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     pool = httpx.Limits(max_connections=args.concurrency + args.burst_size + 4)
     async with httpx.AsyncClient(base_url=args.url, headers=headers, timeout=args.deadline, limits=pool) as client:
-        models = (await client.get("/v1/models")).json()
-        model = models["data"][0]["id"]
-        work = Workload(model_limits(args), args.seed, model)
+        card = (await client.get("/v1/models")).json()["data"][0]
+        work = Workload(model_limits(args, card["max_model_len"]), args.seed, card["id"])
         warm = [work.completion(-1 - i) for i in range(4)]
         await asyncio.gather(*(send(client, s, args.deadline) for s in warm))
         await wait_idle(client, 60.0)
@@ -118,10 +117,11 @@ def overrides(args: argparse.Namespace) -> dict:
     return dict(parse_override(s) for s in args.set)
 
 
-def model_limits(args: argparse.Namespace) -> Limits:
+def model_limits(args: argparse.Namespace, max_model_len: int) -> Limits:
+    """The config's limits, with the server's max_model_len (the config may leave it to the model and its cache)."""
     cfg = load_config(args.config, overrides(args))
     vocab = cfg.model.architecture.vocab_size if cfg.model.architecture else 151936  # Qwen3's
-    return Limits(cfg.engine.max_model_len, vocab, cfg.logprobs.max_logprobs, args.max_tokens)
+    return Limits(max_model_len, vocab, cfg.logprobs.max_logprobs, args.max_tokens)
 
 
 def main(argv: list[str] | None = None) -> int:
