@@ -7,7 +7,6 @@ state with no request left. It exits when the API process's end of the pipe clos
 from __future__ import annotations
 
 import logging
-import os
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -26,6 +25,7 @@ from qwen3_runtime.server.messages import (
     Ready,
     StepBatch,
 )
+from qwen3_runtime.server.rss import rss_bytes
 
 log = logging.getLogger("qwen3_runtime.server.engine")
 
@@ -114,12 +114,3 @@ class EngineLoop:
             blocks.num_free_blocks, blocks.num_blocks, self.rss, gpu, sched.num_preemptions,
             blocks.query_tokens, blocks.hit_tokens,
         )  # fmt: skip
-
-
-def rss_bytes() -> int:
-    """This process's resident memory (Linux's /proc/self/statm; 0 where there is none)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
