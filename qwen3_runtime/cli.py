@@ -8,17 +8,19 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from qwen3_runtime.config import ConfigError, bundled_configs, load_config, parse_override
-from qwen3_runtime.loader import CheckpointError
-from qwen3_runtime.logprobs import TokenLogprob
-from qwen3_runtime.request import RequestOutput
-from qwen3_runtime.runtime import Runtime
-from qwen3_runtime.tokenizer import Tokenizer
-from qwen3_runtime.tokenizer.chat_template import ChatTemplateError
+from qwen3_runtime.input_errors import ChatTemplateError, CheckpointError
 from qwen3_runtime.version import package_version
+
+if TYPE_CHECKING:
+    from qwen3_runtime.logprobs import TokenLogprob
+    from qwen3_runtime.request import RequestOutput
+    from qwen3_runtime.runtime import Runtime
+    from qwen3_runtime.tokenizer import Tokenizer
 
 # What a user's mistake raises (a config key, a checkpoint file or tensor, a chat message the template refuses):
 # printed as `error: ...`, exit 2. Anything else is a bug and keeps its traceback.
@@ -29,6 +31,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    return _generate(args)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from qwen3_runtime.runtime import Runtime  # torch and Triton: this command's alone, not --help's or serve's
+
     try:
         config = load_config(args.config, dict(parse_override(s) for s in args.set))
         given = [(kind, _parse_ids(text) if kind == "ids" else text) for kind, text in args.prompts]
