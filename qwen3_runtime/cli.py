@@ -147,6 +147,8 @@ def _serve(args: argparse.Namespace) -> int:
     except (*USER_ERRORS, EngineStartError, ListenError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl+C, which uvicorn re-raises once the server has shut down: nothing to report
+        return 130
     return 0
 
 
