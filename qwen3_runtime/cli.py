@@ -8,17 +8,18 @@ import statistics
 import sys
 import time
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from qwen3_runtime.config import ConfigError, bundled_configs, load_config, parse_override
-from qwen3_runtime.loader import CheckpointError
-from qwen3_runtime.logprobs import TokenLogprob
-from qwen3_runtime.request import RequestOutput
-from qwen3_runtime.runtime import Runtime
-from qwen3_runtime.tokenizer import Tokenizer
-from qwen3_runtime.tokenizer.chat_template import ChatTemplateError
+from qwen3_runtime.input_errors import ChatTemplateError, CheckpointError
 from qwen3_runtime.version import package_version
+
+if TYPE_CHECKING:
+    from qwen3_runtime.logprobs import TokenLogprob
+    from qwen3_runtime.request import RequestOutput
+    from qwen3_runtime.tokenizer import Tokenizer
 
 # What a user's mistake raises (a config key, a checkpoint file or tensor, a chat message the template refuses):
 # printed as `error: ...`, exit 2. Anything else is a bug and keeps its traceback.
@@ -29,6 +30,12 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "serve":
         return _serve(args)
+    return _generate(args)
+
+
+def _generate(args: argparse.Namespace) -> int:
+    from qwen3_runtime.runtime import Runtime  # torch and Triton: this command's alone, not --help's or serve's
+
     try:
         config = load_config(args.config, dict(parse_override(s) for s in args.set))
         given = [(kind, _parse_ids(text) if kind == "ids" else text) for kind, text in args.prompts]
@@ -36,8 +43,8 @@ def main(argv: list[str] | None = None) -> int:
         # The tokenizer and the chat template are the config's: their errors stop the run. A text the tokenizer
         # cannot read fails its own request in the Runtime, as a bad list of ids does.
         tokenizer = rt.tokenizer if any(kind != "ids" for kind, _ in given) else None
-        chat = rt.tokenizer.apply_chat_template
-        prompts = [chat([{"role": "user", "content": p}]) if kind == "chat" else p for kind, p in given]
+        chat = lambda text: rt.tokenizer.apply_chat_template([{"role": "user", "content": text}])
+        prompts = [chat(p) if kind == "chat" else p for kind, p in given]
     except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -160,6 +167,8 @@ def _serve(args: argparse.Namespace) -> int:
     except EngineDiedError as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl+C, which uvicorn re-raises once the server has shut down: nothing to report
+        return 130
     return 0
 
 

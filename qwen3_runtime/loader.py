@@ -13,6 +13,7 @@ from safetensors import SafetensorError, safe_open
 
 from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig
 from qwen3_runtime.device import check_weights_fit
+from qwen3_runtime.input_errors import CheckpointError
 from qwen3_runtime.model import Qwen3ForCausalLM
 from qwen3_runtime.params import SamplingParams
 from qwen3_runtime.typed_config import build
@@ -41,10 +42,6 @@ _SAMPLING_FIELDS = {
 # Qwen3Config's defaults for keys a config.json may omit; ArchitectureConfig's own are the released models' values
 # (for random weights), and taking those would silently change the rotary embedding or the head size.
 _QWEN3_CONFIG_DEFAULTS = {"head_dim": 128, "rope_theta": 10000.0, "max_position_embeddings": 32768}
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that does not match the model; the message names the tensor."""
 
 
 def read_architecture(path: str | Path) -> ArchitectureConfig:

@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from qwen3_runtime.sampler import GREEDY_BELOW
 from qwen3_runtime.validation import (
     as_bool,
     check_choice,
@@ -21,6 +20,8 @@ from qwen3_runtime.validation import (
     show,
 )
 
+# Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
+GREEDY_BELOW = 1e-5
 # A bound for repetition_penalty (vLLM sets none): past it a seen token's logit is all but erased anyway.
 MAX_REPETITION_PENALTY = 10.0
 # The most ids min_tokens suppresses per request (stop ids and EOS ids): the width of the runner's table.
@@ -37,7 +38,7 @@ class SamplingParams:
     """
 
     max_tokens: int = 16
-    # 0 (or below sampler.GREEDY_BELOW) is greedy; ties go to the lower token id.
+    # 0 (or below GREEDY_BELOW) is greedy; ties go to the lower token id.
     temperature: float = 1.0
     # -1 (or 0): no top-k filter.
     top_k: int = -1

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING
 
-from qwen3_runtime.packing import StepLogprobs, plain_logprobs
+from qwen3_runtime.packed_rows import StepLogprobs, plain_logprobs
 from qwen3_runtime.params import SamplingParams
 
 if TYPE_CHECKING:

@@ -16,10 +16,9 @@ from qwen3_runtime.ops.gumbel_sample import gumbel_sample, processed_values
 from qwen3_runtime.ops.kept_prefix import filter_sorted, kept_prefix
 from qwen3_runtime.ops.top_k_sample import top_k_candidates
 from qwen3_runtime.ops.top_p_sample import top_p_reject
+from qwen3_runtime.params import GREEDY_BELOW
 
 _MASK32 = 0xFFFFFFFF
-# Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
-GREEDY_BELOW = 1e-5
 # Hash bits per uniform: (k + 0.5) / 2**23 is exact in float32 for every k < 2**23, never 0 or 1.
 NOISE_BITS = 23
 

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from qwen3_runtime.logprobs import LogprobBuffers, reduce_logprobs, token_logprob_from_row
-from qwen3_runtime.logprobs.reduce import ReduceConfig
+from qwen3_runtime.logprobs import token_logprob_from_row
+from qwen3_runtime.logprobs.reduce import LogprobBuffers, ReduceConfig, reduce_logprobs
 from scripts.report import environment
 from scripts.timing import copy_bandwidth, graph_us_per_call
 

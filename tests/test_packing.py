@@ -2,16 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from qwen3_runtime.logprobs import LogprobBuffers
-from qwen3_runtime.packing import (
-    PackedLogprobs,
-    StepLogprobs,
-    build_latest,
-    pack,
-    pack_reference,
-    packed_width,
-    unpack_rows,
-)
+from qwen3_runtime.logprobs.reduce import LogprobBuffers
+from qwen3_runtime.packed_rows import PackedLogprobs, StepLogprobs, build_latest, packed_width, unpack_rows
+from qwen3_runtime.packing import pack, pack_reference
 
 
 def _packed_pair():

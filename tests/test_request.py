@@ -7,13 +7,13 @@ import numpy as np
 import pytest
 import torch
 
-from qwen3_runtime import SamplingParams, packing
+from qwen3_runtime import SamplingParams, packed_rows
 from qwen3_runtime.logprobs import TokenLogprob
-from qwen3_runtime.packing import PackedLogprobs, StepLogprobs, packed_width, plain_logprobs
+from qwen3_runtime.packed_rows import PackedLogprobs, StepLogprobs, packed_width, plain_logprobs
 from qwen3_runtime.request import RequestOutput, RequestUpdate
 
 GREEDY = SamplingParams(max_tokens=4, temperature=0, ignore_eos=True)
-_unpack = packing.unpack_rows
+_unpack = packed_rows.unpack_rows
 
 
 def test_bad_requests_fail_alone_whatever_is_wrong_with_them(make_runtime):
@@ -62,7 +62,7 @@ def _rows(n: int, k: int) -> np.ndarray:
 
 def test_lazy_logprobs_become_plain_lists_in_one_bulk_unpack(monkeypatch):
     rows, calls = _rows(6, 3), []
-    monkeypatch.setattr(packing, "unpack_rows", lambda *a: calls.append(a) or _unpack(*a))
+    monkeypatch.setattr(packed_rows, "unpack_rows", lambda *a: calls.append(a) or _unpack(*a))
     prompt = PackedLogprobs(rows, 2, leading=1)
     step = StepLogprobs(3)
     for i, row in enumerate(rows[:4]):

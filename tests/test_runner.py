@@ -10,7 +10,7 @@ import torch
 
 from qwen3_runtime import SamplingParams
 from qwen3_runtime.logprobs import token_logprob_from_row
-from qwen3_runtime.packing import packed_width
+from qwen3_runtime.packed_rows import packed_width
 from scripts.profiling import profile_steps
 
 # Joining one per step (_run_joining), the five decode together (padded to 8), then three (to 4), then one: few

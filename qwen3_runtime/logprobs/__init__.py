@@ -1,9 +1,7 @@
-"""Token log-probabilities: a float64 host reference and the device reduction.
+"""Token log-probabilities: `TokenLogprob` and its float64 host reference here (NumPy only, so the API server's
+process can read them without torch); the device reduction in `reduce` (torch, and Triton when its kernels first
+run)."""
 
-Triton is imported only when the device kernels first run.
-"""
-
-from qwen3_runtime.logprobs.reduce import LogprobBuffers, reduce_logprobs
 from qwen3_runtime.logprobs.reference import TokenLogprob, token_logprob_from_row
 
-__all__ = ["LogprobBuffers", "TokenLogprob", "reduce_logprobs", "token_logprob_from_row"]
+__all__ = ["TokenLogprob", "token_logprob_from_row"]

@@ -17,7 +17,8 @@ import torch
 from qwen3_runtime.logprobs.host_path import LogprobsRouting, full_row_logprob
 from qwen3_runtime.logprobs.reduce import LogprobBuffers, reduce_logprobs
 from qwen3_runtime.logprobs.reference import TokenLogprob
-from qwen3_runtime.packing import PackedLogprobs, pack, packed_width
+from qwen3_runtime.packed_rows import PackedLogprobs, packed_width
+from qwen3_runtime.packing import pack
 from qwen3_runtime.request import Request
 from qwen3_runtime.stats import RunnerStats
 

@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qwen3_runtime.params import SamplingParams
-from qwen3_runtime.server.engine_core import run_engine
 from qwen3_runtime.server.messages import AbortRequest, AddRequest, EngineStats, Failed, Ready, StepBatch
 from qwen3_runtime.server.metrics import ServerMetrics
 
@@ -71,7 +70,7 @@ class EngineClient:
         inbox, self._send_conn = ctx.Pipe(duplex=False)  # (read end, write end)
         self._recv_conn, outbox = ctx.Pipe(duplex=False)
         args = (self.config, self.overrides, inbox, outbox)
-        self.proc = ctx.Process(target=run_engine, args=args, name="qwen3-engine", daemon=True)
+        self.proc = ctx.Process(target=_run_engine, args=args, name="qwen3-engine", daemon=True)
         self.proc.start()
         inbox.close(), outbox.close()  # the child's ends: reads here see EOF once it exits
         if not self._recv_conn.poll(STARTUP_TIMEOUT_S):
@@ -186,3 +185,11 @@ def describe_exit(exitcode: int | None) -> str:
     except ValueError:
         name = f"signal {-exitcode}"
     return f"killed by {name}, exit code {exitcode}"
+
+
+def _run_engine(*args: Any) -> None:
+    """The engine process's entry point: engine_core (torch, Triton, the Runtime) is imported there alone, so the
+    API process loads none of them."""
+    from qwen3_runtime.server.engine_core import run_engine
+
+    run_engine(*args)

@@ -7,7 +7,7 @@ state with no request left. It exits when the API process's end of the pipe clos
 from __future__ import annotations
 
 import logging
-import os
+import signal
 import time
 import traceback
 from multiprocessing.connection import Connection
@@ -26,6 +26,7 @@ from qwen3_runtime.server.messages import (
     Ready,
     StepBatch,
 )
+from qwen3_runtime.server.rss import rss_bytes
 
 log = logging.getLogger("qwen3_runtime.server.engine")
 
@@ -36,6 +37,9 @@ RSS_PERIOD_S = 0.5
 
 def run_engine(config: str, overrides: dict[str, Any], inbox: Connection, outbox: Connection) -> None:
     """The child process's entry point (spawned: it imports torch afresh and shares no state)."""
+    # A terminal's Ctrl+C reaches the whole process group. The API process shuts down (finishing what it serves)
+    # and then closes the pipe, which ends this loop; interrupted here, the engine would die under open requests.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     try:
         rt = Runtime.from_yaml(config, overrides)
     except Exception as e:  # a bad config or checkpoint: the API process reports it and exits
@@ -114,12 +118,3 @@ class EngineLoop:
             blocks.num_free_blocks, blocks.num_blocks, self.rss, gpu, sched.num_preemptions,
             blocks.query_tokens, blocks.hit_tokens,
         )  # fmt: skip
-
-
-def rss_bytes() -> int:
-    """This process's resident memory (Linux's /proc/self/statm; 0 where there is none)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0

@@ -11,8 +11,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from qwen3_runtime.request import RequestUpdate
-from qwen3_runtime.server.engine_core import rss_bytes
 from qwen3_runtime.server.messages import EngineStats
+from qwen3_runtime.server.rss import rss_bytes
 
 if TYPE_CHECKING:
     from qwen3_runtime.server.engine_client import RequestStream

@@ -18,14 +18,12 @@ import jinja2
 import jinja2.ext
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from qwen3_runtime.input_errors import ChatTemplateError
+
 # Qwen3's own chat template, verbatim (the `chat_template` of Qwen3's tokenizer_config.json), so the built-in
 # tokenizer renders a conversation as a Qwen3 checkpoint does: earlier turns' reasoning stripped, tools, tool calls
 # and tool results, and `enable_thinking=False`'s empty think block.
 QWEN3_CHAT_TEMPLATE = (importlib.resources.files(__package__) / "qwen3_chat_template.jinja").read_text(encoding="utf-8")
-
-
-class ChatTemplateError(ValueError):
-    """No template, a template that called raise_exception, or one that failed to render."""
 
 
 def _raise_exception(message: str) -> None:

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from qwen3_runtime.logprobs import LogprobBuffers, reduce_logprobs, token_logprob_from_row
-from qwen3_runtime.logprobs.reduce import ReduceConfig, reduce_logprobs_reference
+from qwen3_runtime.logprobs import token_logprob_from_row
+from qwen3_runtime.logprobs.reduce import LogprobBuffers, ReduceConfig, reduce_logprobs, reduce_logprobs_reference
 
 TINY = ReduceConfig(chunk=32, block=4, group=4, candidates=32)
 ROUNDS = ReduceConfig(chunk=32, block=4, group=4, candidates=2)  # forces the exact fallback
