@@ -37,9 +37,11 @@ RSS_PERIOD_S = 0.5
 
 def run_engine(config: str, overrides: dict[str, Any], inbox: Connection, outbox: Connection) -> None:
     """The child process's entry point (spawned: it imports torch afresh and shares no state)."""
-    # A terminal's Ctrl+C reaches the whole process group. The API process shuts down (finishing what it serves)
-    # and then closes the pipe, which ends this loop; interrupted here, the engine would die under open requests.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A terminal's Ctrl+C and a service manager's stop (systemd's SIGTERM to the control group) reach this process
+    # too. The API process shuts down (finishing what it serves) and then closes the pipe, which ends this loop;
+    # stopped here, the engine would die under open requests and the server would report a dead engine.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
     try:
         rt = Runtime.from_yaml(config, overrides)
     except Exception as e:  # a bad config or checkpoint: the API process reports it and exits

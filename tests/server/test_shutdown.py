@@ -1,5 +1,6 @@
-"""Stopping `serve`: SIGTERM, or a terminal's Ctrl+C (SIGINT to the whole process group, the engine included),
-shuts the server down in order and prints no traceback and no leak report."""
+"""Stopping `serve`: SIGTERM (to the server, or to its whole process group as a service manager sends it) or a
+terminal's Ctrl+C (SIGINT to the whole process group, the engine included) shuts the server down in order and prints
+no traceback and no leak report."""
 
 import contextlib
 import os
@@ -30,9 +31,10 @@ def group_ends(pgid: int, timeout: float = 10.0) -> bool:
     ("sig", "group", "returncode"),
     [
         (signal.SIGTERM, False, -signal.SIGTERM),  # uvicorn re-raises the signal once it has shut down
+        (signal.SIGTERM, True, -signal.SIGTERM),  # a service manager's stop: the engine included
         (signal.SIGINT, True, 130),
     ],
-    ids=["sigterm", "ctrl-c"],
+    ids=["sigterm", "sigterm-group", "ctrl-c"],
 )
 def test_a_signal_stops_the_server_quietly(sig, group, returncode):
     port = free_port()
