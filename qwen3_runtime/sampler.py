@@ -16,6 +16,7 @@ from qwen3_runtime.ops.gumbel_sample import gumbel_sample, processed_values
 from qwen3_runtime.ops.kept_prefix import filter_sorted, kept_prefix
 from qwen3_runtime.ops.top_k_sample import top_k_candidates
 from qwen3_runtime.ops.top_p_sample import top_p_reject
+from qwen3_runtime.order_keys import order_key, order_keys_reference
 
 _MASK32 = 0xFFFFFFFF
 # Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
@@ -121,23 +122,9 @@ def filter_cutoffs(logits: torch.Tensor, params: SamplingTensors, peak: torch.Te
     top, ids = values.sort(dim=-1, descending=True, stable=True)
     kept = kept_prefix(top, params.top_k, params.top_p)
     place = (kept - 1).clamp_min(0)[:, None]
-    last_kept = _order_key(top.gather(-1, place)[:, 0], ids.gather(-1, place)[:, 0])
+    last_kept = order_key(top.gather(-1, place)[:, 0], ids.gather(-1, place)[:, 0])
     cutoff = torch.where(kept > 0, last_kept, torch.iinfo(torch.int64).max)
     return torch.where((params.top_k > 0) | (params.top_p < 1), cutoff, torch.iinfo(torch.int64).min)
-
-
-def order_keys_reference(values: torch.Tensor) -> torch.Tensor:
-    """[B, V] int64 keys whose descending order is the stable descending sort's (value, then the lower id): the
-    value's order-preserving bits (negatives' magnitudes flipped; -0.0 taken as 0.0, which the sort takes as
-    equal) over the complemented token id."""
-    token = torch.arange(values.shape[-1], device=values.device, dtype=torch.int64)
-    return _order_key(values, token)
-
-
-def _order_key(values: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    bits = (values + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # as int32, in the floats' order
-    return (ordered.long() << 32) | (0x7FFFFFFF - token)  # as logprobs/kernels.order_key
 
 
 def _scaling(params: SamplingTensors, peak: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -1,0 +1,21 @@
+"""Order keys in PyTorch (logprobs/kernels.order_key on the device): a unique int64 key per token whose descending
+order is the stable descending sort's of the values (value, then the lower id), so that the k largest keys are an
+exact top-k whatever the ties, and a count of the keys above a token's is its rank, without a sort."""
+
+from __future__ import annotations
+
+import torch
+
+
+def order_keys_reference(values: torch.Tensor) -> torch.Tensor:
+    """[B, V] int64 keys of fp32 values [B, V] (token ids 0..V-1)."""
+    token = torch.arange(values.shape[-1], device=values.device, dtype=torch.int64)
+    return order_key(values, token)
+
+
+def order_key(values: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
+    """Keys of fp32 values at token ids `token` (broadcast): the value's order-preserving bits (negatives'
+    magnitudes flipped; -0.0 taken as 0.0, which the sort takes as equal) over the complemented token id."""
+    bits = (values + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0
+    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # as int32, in the floats' order
+    return (ordered.long() << 32) | (0x7FFFFFFF - token)
