@@ -14,8 +14,9 @@ def order_keys_reference(values: torch.Tensor) -> torch.Tensor:
 
 
 def order_key(values: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    """Keys of fp32 values at token ids `token` (broadcast): the value's order-preserving bits (negatives'
-    magnitudes flipped; -0.0 taken as 0.0, which the sort takes as equal) over the complemented token id."""
+    """Keys of fp32 values at token ids `token` (broadcast to the values' shape): the value's order-preserving bits
+    (negatives' magnitudes flipped; -0.0 taken as 0.0, which the sort takes as equal) over the complemented token
+    id. In place after the first steps: on the CPU a fresh [B, V] tensor a step costs more than its arithmetic."""
     bits = (values + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # as int32, in the floats' order
-    return (ordered.long() << 32) | (0x7FFFFFFF - token)
+    ordered = (bits >> 31).bitwise_and_(0x7FFFFFFF).bitwise_xor_(bits)  # as int32, in the floats' order
+    return ordered.long().bitwise_left_shift_(32).bitwise_or_(0x7FFFFFFF - token)

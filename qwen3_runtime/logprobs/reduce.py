@@ -1,9 +1,10 @@
 """Device logprobs: logsumexp, selected-token logprob and rank, exact top-k, per row.
 
 `reduce_logprobs` runs the Triton kernels (`kernels.py`) on CUDA tensors or
-under TRITON_INTERPRET=1, and `reduce_logprobs_reference` (float64 torch)
-otherwise. With a preallocated `out` the Triton path allocates nothing and
-never waits for the host, so it can be captured in a CUDA graph.
+under TRITON_INTERPRET=1, and `reduce_logprobs_reference` (float64 torch, O(V)
+a row as the kernels are) otherwise. With a preallocated `out` the Triton path
+allocates nothing and never waits for the host, so it can be captured in a
+CUDA graph.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import ClassVar
 import torch
 
 from qwen3_runtime.ops import cdiv, use_triton
+from qwen3_runtime.order_keys import order_keys_reference
 
 
 @dataclass(frozen=True)
@@ -225,19 +227,21 @@ reduce_logprobs_reference = functools.partial(reduce_logprobs, reference=True)
 
 
 def _reduce_reference(logits, token_ids, num_top, row_mask, out: LogprobBuffers) -> None:
-    """The reference path of `reduce_logprobs` into `out`, as `launch_reduce` runs the Triton one."""
+    """The reference path of `reduce_logprobs` into `out`, as `launch_reduce` runs the Triton one: O(V) a row, no
+    sort. The order keys (order_keys.py) rank tokens as the stable descending sort does, so the rank is a count of
+    the keys above the token's and the top-k is the k largest keys, ties to the lower id."""
     n_rows, vocab = logits.shape
     k_max = out.k_max
     rows = torch.arange(n_rows, device=logits.device) if row_mask is None else row_mask.nonzero()[:, 0]
-    x = logits[rows].double()
-    x = torch.where(x == 0, 0.0, x)  # -0.0 ties +0.0
+    x = logits[rows]
+    keys = order_keys_reference(x.float())  # widening to fp32 is exact: the keys order the float64 values too
     token = token_ids[rows].long()
-    invalid = x.isnan().any(1) | x.isposinf().any(1) | x.isneginf().all(1)
+    lse = torch.logsumexp(x.double(), 1)
+    invalid = ~lse.isfinite()  # exactly the rows holding NaN or +inf, or only -inf
     token_ok = (token >= 0) & (token < vocab)
-    lse = torch.logsumexp(x, 1)
-    target = x.gather(1, token.clamp(0, vocab - 1)[:, None])[:, 0]
-    ids = torch.arange(vocab, device=x.device)
-    ahead = (x > target[:, None]).sum(1) + ((x == target[:, None]) & (ids < token[:, None])).sum(1)
+    at = token.clamp(0, vocab - 1)[:, None]
+    target = x.gather(1, at)[:, 0].double() + 0.0  # + 0.0: -0.0 becomes 0.0, which it ties
+    ahead = (keys > keys.gather(1, at)).sum(1)
     status = torch.where(invalid, 1, torch.where(token_ok, 0, 2))
     nan = torch.tensor(float("nan"), dtype=torch.float64, device=x.device)
     out.status[rows] = status.to(torch.int8)
@@ -246,8 +250,8 @@ def _reduce_reference(logits, token_ids, num_top, row_mask, out: LogprobBuffers)
     out.rank[rows] = torch.where(status == 0, 1 + ahead, -1).int()
     if k_max > 0:
         width = min(k_max, vocab)
-        values, order = torch.sort(x, dim=1, descending=True, stable=True)
-        values, order = values[:, :width], order[:, :width]
+        order = keys.topk(width, dim=1).indices  # sorted: the keys are unique, so their order is exact
+        values = x.gather(1, order).double() + 0.0
         pad = k_max - width
         values = torch.nn.functional.pad(values, (0, pad), value=float("-inf"))
         order = torch.nn.functional.pad(order, (0, pad), value=-1)
