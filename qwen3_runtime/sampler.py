@@ -15,7 +15,7 @@ from qwen3_runtime.ops import use_triton
 from qwen3_runtime.ops.gumbel_sample import gumbel_sample, processed_values
 from qwen3_runtime.ops.kept_prefix import filter_sorted, kept_prefix
 from qwen3_runtime.ops.top_k_sample import top_k_candidates
-from qwen3_runtime.ops.top_p_sample import top_p_reject
+from qwen3_runtime.ops.top_p_sample import top_p_reject, top_p_reject_reference
 from qwen3_runtime.order_keys import order_key, order_keys_reference
 
 _MASK32 = 0xFFFFFFFF
@@ -78,9 +78,8 @@ def sample_raw(
         )
     processed = processed_logits(logits, params, peak, filtered=False)
     if cutoff is not None:
-        kept = (order_keys_reference(processed) >= cutoff[:, None]) | ~random_rows(params)[:, None]
-        processed = processed.masked_fill(~kept, float("-inf"))
-    write_to.copy_(torch.where(((write_rows != 0) & random_rows(params))[:, None], processed, write_to))
+        processed = _keep(processed, order_keys_reference(processed), cutoff, params)
+    _write(processed, params, write_rows, write_to)
     return sample_reference(processed, params)
 
 
@@ -91,10 +90,10 @@ def sample_selected(
     filter_cutoffs(...), write_to) gives them, for a batch whose random rows ask 0 < top_k <= cap, or top-p alone
     without their processed logits written, or neither. On the GPU no row sorts: the top-k rows sample among
     their k candidates (ops/top_k_sample.py), the full pass samples the other random rows, and the rows asking
-    top-p alone are drawn again among the tokens it keeps (ops/top_p_sample.py)."""
+    top-p alone are drawn again among the tokens it keeps (ops/top_p_sample.py). Nor on the CPU
+    (_sample_selected_reference)."""
     if not use_triton(logits):
-        peak = logits.amax(dim=-1)
-        return peak, sample_raw(logits, params, peak, write_rows, filter_cutoffs(logits, params, peak), write_to)
+        return _sample_selected_reference(logits, params, write_rows, write_to, cap)
     peak, tokens, cutoff, done, top_p_rows = top_k_candidates(
         logits, params.temperature, params.top_k, params.top_p, params.min_p, params.seed, params.position,
         write_rows, GREEDY_BELOW, NOISE_BITS, cap,
@@ -109,22 +108,62 @@ def sample_selected(
     return peak, tokens
 
 
+def _sample_selected_reference(
+    logits: torch.Tensor, params: SamplingTensors, write_rows: torch.Tensor, write_to: torch.Tensor, cap: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_selected in PyTorch, with no sort either: the top-k rows' cutoffs from the `cap` largest order keys
+    of their processed logits (the keys are unique, so these are exactly the sort's first `cap`, and top-p over
+    them is top-p over the top-k), one pass over every row, then the rounds of ops/top_p_sample.py for the rows
+    asking top-p alone."""
+    peak = logits.amax(dim=-1)
+    values = processed_logits(logits, params, peak, filtered=False)
+    keys = order_keys_reference(values)
+    ids = keys.topk(min(cap, keys.shape[-1]), dim=-1).indices
+    top_k_rows = params.top_k > 0
+    cutoff = _cutoff(values.gather(-1, ids), ids, params.top_k, torch.where(top_k_rows, params.top_p, 1.0))
+    processed = _keep(values, keys, cutoff, params)
+    _write(processed, params, write_rows, write_to)
+    noisy = noisy_logits(processed, params)
+    tokens = noisy.argmax(dim=-1)
+    top_p_rows = random_rows(params) & ~top_k_rows & (params.top_p < 1) & (write_rows == 0) & peak.isfinite()
+    top_p_reject_reference(processed, noisy, top_p_rows, params.top_p, tokens)
+    return peak, tokens
+
+
 def filter_cutoffs(logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor) -> torch.Tensor:
     """[B] int64: per random row, the order key (order_keys_reference) of the last token that top-k then top-p
     keep in the stable descending order of its processed logits, so that they keep exactly the tokens whose keys
     are >= it; the smallest key for rows with neither filter, the largest where nothing is kept. The row's values
-    are sorted (stably: ties in id order, as the keys rank them); what top-k then top-p keep of that order is
-    counted by ops/kept_prefix.py (the probabilities summed in float64)."""
+    are sorted (stably: ties in id order, as the keys rank them), as on the GPU, for a top-k above the selection's
+    cap or a top-p cutoff written with the processed logits."""
     if use_triton(logits):
         values = processed_values(logits, params.temperature, peak, params.min_p, GREEDY_BELOW)
     else:
         values = processed_logits(logits, params, peak, filtered=False)
     top, ids = values.sort(dim=-1, descending=True, stable=True)
-    kept = kept_prefix(top, params.top_k, params.top_p)
+    return _cutoff(top, ids, params.top_k, params.top_p)
+
+
+def _cutoff(top: torch.Tensor, ids: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """filter_cutoffs from each row's leading processed values in the stable descending order and their ids
+    [B, W], which must hold every token top-k and top-p keep and, where top_p < 1, the whole top-k (the mass is
+    summed over them): what they keep is counted by ops/kept_prefix.py (the probabilities summed in float64)."""
+    kept = kept_prefix(top, top_k, top_p)
     place = (kept - 1).clamp_min(0)[:, None]
     last_kept = order_key(top.gather(-1, place)[:, 0], ids.gather(-1, place)[:, 0])
     cutoff = torch.where(kept > 0, last_kept, torch.iinfo(torch.int64).max)
-    return torch.where((params.top_k > 0) | (params.top_p < 1), cutoff, torch.iinfo(torch.int64).min)
+    return torch.where((top_k > 0) | (top_p < 1), cutoff, torch.iinfo(torch.int64).min)
+
+
+def _keep(values: torch.Tensor, keys: torch.Tensor, cutoff: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """Random rows' processed values -inf where their order keys fall below the row's cutoff."""
+    kept = (keys >= cutoff[:, None]) | ~random_rows(params)[:, None]
+    return values.masked_fill(~kept, float("-inf"))
+
+
+def _write(processed: torch.Tensor, params: SamplingTensors, write_rows: torch.Tensor, write_to: torch.Tensor) -> None:
+    """Random rows with write_rows != 0 get their processed logits written over their row of `write_to`."""
+    write_to.copy_(torch.where(((write_rows != 0) & random_rows(params))[:, None], processed, write_to))
 
 
 def _scaling(params: SamplingTensors, peak: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -148,9 +187,14 @@ def sample(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
 
 def sample_reference(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """`sample` in PyTorch: the [B, V] hash and noise materialised, then an argmax."""
+    return noisy_logits(processed, params).argmax(dim=-1)
+
+
+def noisy_logits(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """[B, V] what `sample` takes the argmax of: processed logits plus Gumbel noise on random rows."""
     noise = gumbel_noise(params.seed, params.position, processed.shape[-1])
     noise.masked_fill_(~random_rows(params)[:, None], 0.0)
-    return noise.add_(processed).argmax(dim=-1)
+    return noise.add_(processed)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

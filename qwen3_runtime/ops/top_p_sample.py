@@ -176,3 +176,23 @@ def top_p_reject(
             *row_args, top_p, token, *partials, margin, BLOCK=BLOCK, BLOCK_CHUNKS=triton.next_power_of_2(num_chunks),
             LIBDEVICE=not TRITON_INTERPRET, FINISH=spread_round == SPREAD_ROUNDS - 1, num_warps=NUM_WARPS,
         )  # fmt: skip
+
+
+def top_p_reject_reference(
+    processed: torch.Tensor, noisy: torch.Tensor, pending: torch.Tensor, top_p: torch.Tensor, token: torch.Tensor
+) -> None:
+    """top_p_reject in PyTorch, from the processed values [B, V] themselves (the CPU path has them): the same
+    rounds, each a pass over the row, the masses summed from float64 exponentials as the sort's reference sums
+    them, so no margin is needed."""
+    ids = torch.arange(processed.shape[-1], device=processed.device)
+    for row in pending.nonzero()[:, 0].tolist():
+        value, noisy_row, limit = processed[row], noisy[row], top_p[row].double()
+        e = (value.double() - value.max()).exp()
+        total = e.sum()
+        candidate = token[row]
+        while True:
+            ahead = (value > value[candidate]) | ((value == value[candidate]) & (ids < candidate))
+            if torch.where(ahead, e, 0.0).sum() / total <= limit:
+                break
+            candidate = noisy_row.masked_fill(~ahead, float("-inf")).argmax()
+        token[row] = candidate
