@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 
 from qwen3_runtime.ops import cdiv, use_triton
-from qwen3_runtime.order_keys import order_keys_reference
+from qwen3_runtime.order_keys import order_key
 
 
 @dataclass(frozen=True)
@@ -227,35 +227,66 @@ reduce_logprobs_reference = functools.partial(reduce_logprobs, reference=True)
 
 
 def _reduce_reference(logits, token_ids, num_top, row_mask, out: LogprobBuffers) -> None:
-    """The reference path of `reduce_logprobs` into `out`, as `launch_reduce` runs the Triton one: O(V) a row, no
-    sort. The order keys (order_keys.py) rank tokens as the stable descending sort does, so the rank is a count of
-    the keys above the token's and the top-k is the k largest keys, ties to the lower id."""
+    """The reference path of `reduce_logprobs` into `out`, as `launch_reduce` runs the Triton one: float64, O(V) a
+    row and no sort. Row by row, so that the temporaries are a row's and reused: on the CPU a fresh [N, V] tensor
+    costs more to allocate than to fill."""
     n_rows, vocab = logits.shape
-    k_max = out.k_max
-    rows = torch.arange(n_rows, device=logits.device) if row_mask is None else row_mask.nonzero()[:, 0]
-    x = logits[rows]
-    keys = order_keys_reference(x.float())  # widening to fp32 is exact: the keys order the float64 values too
-    token = token_ids[rows].long()
-    lse = torch.logsumexp(x.double(), 1)
-    invalid = ~lse.isfinite()  # exactly the rows holding NaN or +inf, or only -inf
-    token_ok = (token >= 0) & (token < vocab)
-    at = token.clamp(0, vocab - 1)[:, None]
-    target = x.gather(1, at)[:, 0].double() + 0.0  # + 0.0: -0.0 becomes 0.0, which it ties
-    ahead = (keys > keys.gather(1, at)).sum(1)
-    status = torch.where(invalid, 1, torch.where(token_ok, 0, 2))
-    nan = torch.tensor(float("nan"), dtype=torch.float64, device=x.device)
-    out.status[rows] = status.to(torch.int8)
-    out.logsumexp[rows] = torch.where(invalid, nan, lse).float()
-    out.logprob[rows] = torch.where(status == 0, target - lse, nan).float()
-    out.rank[rows] = torch.where(status == 0, 1 + ahead, -1).int()
-    if k_max > 0:
-        width = min(k_max, vocab)
-        order = keys.topk(width, dim=1).indices  # sorted: the keys are unique, so their order is exact
-        values = x.gather(1, order).double() + 0.0
-        pad = k_max - width
-        values = torch.nn.functional.pad(values, (0, pad), value=float("-inf"))
-        order = torch.nn.functional.pad(order, (0, pad), value=-1)
-        wanted = torch.arange(k_max, device=x.device) < num_top[rows].long().clamp(0, width)[:, None]
-        out.top_ids[rows] = torch.where(wanted & ~invalid[:, None], order, -1).int()
-        top_lp = torch.where(invalid[:, None], nan, values - lse[:, None])
-        out.top_logprobs[rows] = torch.where(wanted, top_lp, float("-inf")).float()
+    rows = range(n_rows) if row_mask is None else row_mask.nonzero()[:, 0].tolist()
+    exps = torch.empty(vocab, dtype=torch.float64, device=logits.device)
+    flags = torch.empty(vocab, dtype=torch.float32, device=logits.device)
+    for row in rows:
+        x = logits[row].float()  # fp32 holds bf16 and fp16 exactly
+        _reduce_row(x, int(token_ids[row]), int(num_top[row]), row, out, exps, flags)
+
+
+def _reduce_row(
+    x: torch.Tensor, token: int, num_top: int, row: int, out: LogprobBuffers, exps: torch.Tensor, flags: torch.Tensor
+) -> None:
+    """Row `row` of `out` from its logits x [V] fp32: the logsumexp (`_logsumexp`, into the scratch `exps`), the
+    rank as a count of the tokens ranked before the token (larger, or equal with a lower id: -0.0 equals 0.0;
+    flagged in the fp32 scratch `flags`, whose sums count exactly below 2**24 tokens), the top-k by `_top_ids`."""
+    vocab, nan = x.numel(), float("nan")
+    k = min(max(num_top, 0), out.k_max, vocab)
+    out.top_ids[row] = -1
+    out.top_logprobs[row] = float("-inf")
+    lse = _logsumexp(x, exps)
+    if not lse.isfinite():  # exactly the rows holding NaN or +inf, or only -inf
+        out.status[row], out.logsumexp[row], out.logprob[row], out.rank[row] = 1, nan, nan, -1
+        out.top_logprobs[row, :k] = nan
+        return
+    out.logsumexp[row] = lse
+    if 0 <= token < vocab:
+        target = x[token]
+        ahead = torch.gt(x, target, out=flags).sum() + torch.eq(x[:token], target, out=flags[:token]).sum()
+        out.status[row], out.logprob[row], out.rank[row] = 0, target.double() + 0.0 - lse, 1 + int(ahead)
+    else:
+        out.status[row], out.logprob[row], out.rank[row] = 2, nan, -1
+    if k:
+        ids = _top_ids(x, k)
+        out.top_ids[row, :k] = ids
+        out.top_logprobs[row, :k] = x[ids].double() + 0.0 - lse  # + 0.0: -0.0 becomes 0.0, which it ties
+
+
+def _logsumexp(x: torch.Tensor, exps: torch.Tensor) -> torch.Tensor:
+    """[] float64: torch.logsumexp(x.double()), the same steps and bits, in the float64 scratch `exps` [V]."""
+    peak = x.max().double()
+    peak.masked_fill_(peak.abs() == float("inf"), 0.0)
+    return exps.copy_(x).sub_(peak).exp_().sum().log_().add_(peak)
+
+
+def _top_ids(x: torch.Tensor, k: int, block: int = 128) -> torch.Tensor:
+    """[k] int64: the ids of the k largest of values x [V] (no NaN), value descending then the lower id (the stable
+    sort's first k), in O(V) as the kernels select them: they are all at least the k-th largest maximum of blocks
+    of `block` values (k blocks hold one that large), so only the blocks whose maximum reaches it hold candidates,
+    ranked by their order keys (unique: no tie is left to chance)."""
+    vocab = x.numel()
+    whole = vocab - vocab % block
+    maxima = x[:whole].view(-1, block).amax(1)
+    if whole < vocab:  # the last block, partial
+        maxima = torch.cat([maxima, x[whole:].amax(0, keepdim=True)])
+    floor = maxima.topk(min(k, len(maxima))).values[-1]  # with fewer than k blocks, every block is a candidate
+    blocks = (maxima >= floor).nonzero()[:, 0]
+    ids = (blocks[:, None] * block + torch.arange(block, device=x.device)).flatten()
+    if whole < vocab:
+        ids = ids[ids < vocab]
+    return ids[order_key(x[ids], ids).topk(k).indices]

@@ -302,10 +302,10 @@ def oracle_rows(vocab: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
      (1000, torch.float32), (QWEN_VOCAB, torch.float32)],
 )  # fmt: skip
 def test_reference_gives_the_full_sorts_bits(vocab, dtype):
-    """reduce_logprobs_reference (counts and a top-k of order keys, O(V)) against sorted_reduction, bit for bit,
-    into poisoned buffers, every row (some masked off, left as they were): ties, -0.0, -inf, huge values, NaN,
-    +inf and all -inf rows; tokens at ties, at -inf and out of range; num_top from negative to past k_max; k_max
-    from 0 to past the vocabulary."""
+    """reduce_logprobs_reference (O(V): counts, and a top-k among block-maxima candidates) against sorted_reduction,
+    bit for bit, into poisoned buffers, every row (some masked off, left as they were): ties, -0.0, -inf, huge
+    values, NaN, +inf and all -inf rows; tokens at ties, at -inf and out of range; num_top from negative to past
+    k_max; k_max from 0 to past the vocabulary (and past the number of blocks)."""
     logits = oracle_rows(vocab, vocab, dtype)
     n_rows = logits.shape[0]
     gen = torch.Generator().manual_seed(vocab + 1)
