@@ -16,7 +16,7 @@ from qwen3_runtime.ops.gumbel_sample import gumbel_sample, processed_values
 from qwen3_runtime.ops.kept_prefix import filter_sorted, kept_prefix
 from qwen3_runtime.ops.top_k_sample import top_k_candidates
 from qwen3_runtime.ops.top_p_sample import top_p_reject, top_p_reject_reference
-from qwen3_runtime.order_keys import order_key, order_keys_reference
+from qwen3_runtime.order_keys import order_key, order_keys_reference, top_ids
 
 _MASK32 = 0xFFFFFFFF
 # Rows with a smaller temperature are greedy, as in vLLM: logits / 1e-6 overflows float32 for large logits.
@@ -78,7 +78,8 @@ def sample_raw(
         )
     processed = processed_logits(logits, params, peak, filtered=False)
     if cutoff is not None:
-        processed = _keep(processed, order_keys_reference(processed), cutoff, params)
+        kept = (order_keys_reference(processed) >= cutoff[:, None]) | ~random_rows(params)[:, None]
+        processed = processed.masked_fill(~kept, float("-inf"))
     _write(processed, params, write_rows, write_to)
     return sample_reference(processed, params)
 
@@ -93,7 +94,7 @@ def sample_selected(
     top-p alone are drawn again among the tokens it keeps (ops/top_p_sample.py). Nor on the CPU
     (_sample_selected_reference)."""
     if not use_triton(logits):
-        return _sample_selected_reference(logits, params, write_rows, write_to, cap)
+        return _sample_selected_reference(logits, params, write_rows, write_to)
     peak, tokens, cutoff, done, top_p_rows = top_k_candidates(
         logits, params.temperature, params.top_k, params.top_p, params.min_p, params.seed, params.position,
         write_rows, GREEDY_BELOW, NOISE_BITS, cap,
@@ -109,25 +110,32 @@ def sample_selected(
 
 
 def _sample_selected_reference(
-    logits: torch.Tensor, params: SamplingTensors, write_rows: torch.Tensor, write_to: torch.Tensor, cap: int
+    logits: torch.Tensor, params: SamplingTensors, write_rows: torch.Tensor, write_to: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """sample_selected in PyTorch, with no sort either: the top-k rows' cutoffs from the `cap` largest order keys
-    of their processed logits (the keys are unique, so these are exactly the sort's first `cap`, and top-p over
-    them is top-p over the top-k), one pass over every row, then the rounds of ops/top_p_sample.py for the rows
-    asking top-p alone."""
+    """sample_selected in PyTorch, with no sort either: each top-k row keeps what top-k then top-p keep of its k
+    largest processed logits (order_keys.top_ids: exactly the sort's first k), one pass samples every row, then
+    the rounds of ops/top_p_sample.py draw again the rows asking top-p alone. As on the GPU, a row holding a NaN is
+    not filtered (its request fails by its status)."""
     peak = logits.amax(dim=-1)
-    values = processed_logits(logits, params, peak, filtered=False)
-    keys = order_keys_reference(values)
-    ids = keys.topk(min(cap, keys.shape[-1]), dim=-1).indices
-    top_k_rows = params.top_k > 0
-    cutoff = _cutoff(values.gather(-1, ids), ids, params.top_k, torch.where(top_k_rows, params.top_p, 1.0))
-    processed = _keep(values, keys, cutoff, params)
+    processed = processed_logits(logits, params, peak, filtered=False)
+    for row in (random_rows(params) & (params.top_k > 0) & ~peak.isnan()).nonzero()[:, 0].tolist():
+        _keep_top_k(processed[row], params.top_k[row : row + 1], params.top_p[row : row + 1])
     _write(processed, params, write_rows, write_to)
     noisy = noisy_logits(processed, params)
     tokens = noisy.argmax(dim=-1)
-    top_p_rows = random_rows(params) & ~top_k_rows & (params.top_p < 1) & (write_rows == 0) & peak.isfinite()
+    top_p_rows = random_rows(params) & (params.top_k <= 0) & (params.top_p < 1) & (write_rows == 0) & peak.isfinite()
     top_p_reject_reference(processed, noisy, top_p_rows, params.top_p, tokens)
     return peak, tokens
+
+
+def _keep_top_k(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
+    """In place on one row's processed values [V]: -inf but for the prefix of the stable descending order that
+    top_k [1] (> 0) then top_p [1] keep, counted by ops/kept_prefix.py over the top-k as filter_cutoffs counts it
+    over the sorted row (top-p's mass is the top-k's either way)."""
+    ids = top_ids(values, min(int(top_k), values.numel()))
+    kept = ids[: int(kept_prefix(values[ids][None], top_k, top_p))]
+    kept_values = values[kept]
+    values.fill_(float("-inf"))[kept] = kept_values
 
 
 def filter_cutoffs(logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor) -> torch.Tensor:
@@ -135,35 +143,24 @@ def filter_cutoffs(logits: torch.Tensor, params: SamplingTensors, peak: torch.Te
     keep in the stable descending order of its processed logits, so that they keep exactly the tokens whose keys
     are >= it; the smallest key for rows with neither filter, the largest where nothing is kept. The row's values
     are sorted (stably: ties in id order, as the keys rank them), as on the GPU, for a top-k above the selection's
-    cap or a top-p cutoff written with the processed logits."""
+    cap or a top-p cutoff written with the processed logits; what top-k then top-p keep of that order is counted
+    by ops/kept_prefix.py (the probabilities summed in float64)."""
     if use_triton(logits):
         values = processed_values(logits, params.temperature, peak, params.min_p, GREEDY_BELOW)
     else:
         values = processed_logits(logits, params, peak, filtered=False)
     top, ids = values.sort(dim=-1, descending=True, stable=True)
-    return _cutoff(top, ids, params.top_k, params.top_p)
-
-
-def _cutoff(top: torch.Tensor, ids: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """filter_cutoffs from each row's leading processed values in the stable descending order and their ids
-    [B, W], which must hold every token top-k and top-p keep and, where top_p < 1, the whole top-k (the mass is
-    summed over them): what they keep is counted by ops/kept_prefix.py (the probabilities summed in float64)."""
-    kept = kept_prefix(top, top_k, top_p)
+    kept = kept_prefix(top, params.top_k, params.top_p)
     place = (kept - 1).clamp_min(0)[:, None]
     last_kept = order_key(top.gather(-1, place)[:, 0], ids.gather(-1, place)[:, 0])
     cutoff = torch.where(kept > 0, last_kept, torch.iinfo(torch.int64).max)
-    return torch.where((top_k > 0) | (top_p < 1), cutoff, torch.iinfo(torch.int64).min)
-
-
-def _keep(values: torch.Tensor, keys: torch.Tensor, cutoff: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
-    """Random rows' processed values -inf where their order keys fall below the row's cutoff."""
-    kept = (keys >= cutoff[:, None]) | ~random_rows(params)[:, None]
-    return values.masked_fill(~kept, float("-inf"))
+    return torch.where((params.top_k > 0) | (params.top_p < 1), cutoff, torch.iinfo(torch.int64).min)
 
 
 def _write(processed: torch.Tensor, params: SamplingTensors, write_rows: torch.Tensor, write_to: torch.Tensor) -> None:
     """Random rows with write_rows != 0 get their processed logits written over their row of `write_to`."""
-    write_to.copy_(torch.where(((write_rows != 0) & random_rows(params))[:, None], processed, write_to))
+    rows = ((write_rows != 0) & random_rows(params)).nonzero()[:, 0]
+    write_to[rows] = processed[rows]
 
 
 def _scaling(params: SamplingTensors, peak: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 
 from qwen3_runtime.ops import cdiv, use_triton
-from qwen3_runtime.order_keys import order_key
+from qwen3_runtime.order_keys import top_ids
 
 
 @dataclass(frozen=True)
@@ -244,7 +244,8 @@ def _reduce_row(
 ) -> None:
     """Row `row` of `out` from its logits x [V] fp32: the logsumexp (`_logsumexp`, into the scratch `exps`), the
     rank as a count of the tokens ranked before the token (larger, or equal with a lower id: -0.0 equals 0.0;
-    flagged in the fp32 scratch `flags`, whose sums count exactly below 2**24 tokens), the top-k by `_top_ids`."""
+    flagged in the fp32 scratch `flags`, whose sums count exactly below 2**24 tokens), the top-k by
+    order_keys.top_ids."""
     vocab, nan = x.numel(), float("nan")
     k = min(max(num_top, 0), out.k_max, vocab)
     out.top_ids[row] = -1
@@ -262,7 +263,7 @@ def _reduce_row(
     else:
         out.status[row], out.logprob[row], out.rank[row] = 2, nan, -1
     if k:
-        ids = _top_ids(x, k)
+        ids = top_ids(x, k)
         out.top_ids[row, :k] = ids
         out.top_logprobs[row, :k] = x[ids].double() + 0.0 - lse  # + 0.0: -0.0 becomes 0.0, which it ties
 
@@ -272,21 +273,3 @@ def _logsumexp(x: torch.Tensor, exps: torch.Tensor) -> torch.Tensor:
     peak = x.max().double()
     peak.masked_fill_(peak.abs() == float("inf"), 0.0)
     return exps.copy_(x).sub_(peak).exp_().sum().log_().add_(peak)
-
-
-def _top_ids(x: torch.Tensor, k: int, block: int = 128) -> torch.Tensor:
-    """[k] int64: the ids of the k largest of values x [V] (no NaN), value descending then the lower id (the stable
-    sort's first k), in O(V) as the kernels select them: they are all at least the k-th largest maximum of blocks
-    of `block` values (k blocks hold one that large), so only the blocks whose maximum reaches it hold candidates,
-    ranked by their order keys (unique: no tie is left to chance)."""
-    vocab = x.numel()
-    whole = vocab - vocab % block
-    maxima = x[:whole].view(-1, block).amax(1)
-    if whole < vocab:  # the last block, partial
-        maxima = torch.cat([maxima, x[whole:].amax(0, keepdim=True)])
-    floor = maxima.topk(min(k, len(maxima))).values[-1]  # with fewer than k blocks, every block is a candidate
-    blocks = (maxima >= floor).nonzero()[:, 0]
-    ids = (blocks[:, None] * block + torch.arange(block, device=x.device)).flatten()
-    if whole < vocab:
-        ids = ids[ids < vocab]
-    return ids[order_key(x[ids], ids).topk(k).indices]
