@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -228,48 +229,41 @@ reduce_logprobs_reference = functools.partial(reduce_logprobs, reference=True)
 
 def _reduce_reference(logits, token_ids, num_top, row_mask, out: LogprobBuffers) -> None:
     """The reference path of `reduce_logprobs` into `out`, as `launch_reduce` runs the Triton one: float64, O(V) a
-    row and no sort. Row by row, so that the temporaries are a row's and reused: on the CPU a fresh [N, V] tensor
-    costs more to allocate than to fill."""
+    row and no sort. Each row's passes over the vocabulary run on that row alone, in two scratch rows (on the CPU a
+    fresh [N, V] tensor costs more to allocate than to fill); then every output at once. The rank counts the tokens
+    ranked before the token (larger, or equal with a lower id: -0.0 equals 0.0), flagged in fp32 (whose sums count
+    exactly below 2**24 tokens); the top-k is order_keys.top_ids."""
     n_rows, vocab = logits.shape
-    rows = range(n_rows) if row_mask is None else row_mask.nonzero()[:, 0].tolist()
-    exps = torch.empty(vocab, dtype=torch.float64, device=logits.device)
-    flags = torch.empty(vocab, dtype=torch.float32, device=logits.device)
-    for row in rows:
+    k_max = out.k_max
+    on = {"device": logits.device}
+    rows = torch.arange(n_rows, **on) if row_mask is None else row_mask.nonzero()[:, 0]
+    token, wanted_k = token_ids[rows].long(), num_top[rows].long().clamp(0, min(k_max, vocab))
+    lse = torch.full((len(rows),), float("nan"), dtype=torch.float64, **on)  # left NaN on invalid rows
+    ahead = torch.zeros(len(rows), dtype=torch.int64, **on)
+    order = torch.full((len(rows), k_max), -1, dtype=torch.int64, **on)
+    exps = torch.empty(vocab, dtype=torch.float64, **on)
+    flags = torch.empty(vocab, dtype=torch.float32, **on)
+    for i, (row, t, k) in enumerate(zip(rows.tolist(), token.tolist(), wanted_k.tolist())):
         x = logits[row].float()  # fp32 holds bf16 and fp16 exactly
-        _reduce_row(x, int(token_ids[row]), int(num_top[row]), row, out, exps, flags)
-
-
-def _reduce_row(
-    x: torch.Tensor, token: int, num_top: int, row: int, out: LogprobBuffers, exps: torch.Tensor, flags: torch.Tensor
-) -> None:
-    """Row `row` of `out` from its logits x [V] fp32: the logsumexp (`_logsumexp`, into the scratch `exps`), the
-    rank as a count of the tokens ranked before the token (larger, or equal with a lower id: -0.0 equals 0.0;
-    flagged in the fp32 scratch `flags`, whose sums count exactly below 2**24 tokens), the top-k by
-    order_keys.top_ids."""
-    vocab, nan = x.numel(), float("nan")
-    k = min(max(num_top, 0), out.k_max, vocab)
-    out.top_ids[row] = -1
-    out.top_logprobs[row] = float("-inf")
-    lse = _logsumexp(x, exps)
-    if not lse.isfinite():  # exactly the rows holding NaN or +inf, or only -inf
-        out.status[row], out.logsumexp[row], out.logprob[row], out.rank[row] = 1, nan, nan, -1
-        out.top_logprobs[row, :k] = nan
-        return
-    out.logsumexp[row] = lse
-    if 0 <= token < vocab:
-        target = x[token]
-        ahead = torch.gt(x, target, out=flags).sum() + torch.eq(x[:token], target, out=flags[:token]).sum()
-        out.status[row], out.logprob[row], out.rank[row] = 0, target.double() + 0.0 - lse, 1 + int(ahead)
-    else:
-        out.status[row], out.logprob[row], out.rank[row] = 2, nan, -1
-    if k:
-        ids = top_ids(x, k)
-        out.top_ids[row, :k] = ids
-        out.top_logprobs[row, :k] = x[ids].double() + 0.0 - lse  # + 0.0: -0.0 becomes 0.0, which it ties
-
-
-def _logsumexp(x: torch.Tensor, exps: torch.Tensor) -> torch.Tensor:
-    """[] float64: torch.logsumexp(x.double()), the same steps and bits, in the float64 scratch `exps` [V]."""
-    peak = x.max().double()
-    peak.masked_fill_(peak.abs() == float("inf"), 0.0)
-    return exps.copy_(x).sub_(peak).exp_().sum().log_().add_(peak)
+        peak = float(x.max())
+        if not math.isfinite(peak):  # exactly the rows holding NaN or +inf, or only -inf
+            continue
+        lse[i] = exps.copy_(x).sub_(peak).exp_().sum().log_().add_(peak)  # torch.logsumexp's steps and bits
+        if 0 <= t < vocab:
+            ahead[i] = torch.gt(x, x[t], out=flags).sum() + torch.eq(x[:t], x[t], out=flags[:t]).sum()
+        if k:
+            order[i, :k] = top_ids(x, k)
+    invalid = lse.isnan()
+    status = torch.where(invalid, 1, torch.where((token >= 0) & (token < vocab), 0, 2))
+    target = logits[rows, token.clamp(0, vocab - 1)].double() + 0.0  # + 0.0: -0.0 becomes 0.0, which it ties
+    nan = torch.tensor(float("nan"), dtype=torch.float64, **on)
+    out.status[rows] = status.to(torch.int8)
+    out.logsumexp[rows] = lse.float()
+    out.logprob[rows] = torch.where(status == 0, target - lse, nan).float()
+    out.rank[rows] = torch.where(status == 0, 1 + ahead, -1).int()
+    if k_max > 0:
+        values = logits[rows[:, None], order.clamp_min(0)].double() + 0.0
+        top_lp = torch.where(invalid[:, None], nan, values - lse[:, None])
+        out.top_ids[rows] = order.int()
+        wanted = torch.arange(k_max, **on) < wanted_k[:, None]
+        out.top_logprobs[rows] = torch.where(wanted, top_lp, float("-inf")).float()
