@@ -183,16 +183,18 @@ def top_p_reject_reference(
 ) -> None:
     """top_p_reject in PyTorch, from the processed values [B, V] themselves (the CPU path has them): the same
     rounds, each a pass over the row, the masses summed from float64 exponentials as the sort's reference sums
-    them, so no margin is needed."""
-    ids = torch.arange(processed.shape[-1], device=processed.device)
+    them, so no margin is needed. A row at a time, in two scratch rows."""
+    vocab = processed.shape[-1]
+    exps = torch.empty(vocab, dtype=torch.float64, device=processed.device)
+    ahead = torch.empty(vocab, dtype=torch.float64, device=processed.device)  # 1 where ranked before the candidate
     for row in pending.nonzero()[:, 0].tolist():
-        value, noisy_row, limit = processed[row], noisy[row], top_p[row].double()
-        e = (value.double() - value.max()).exp()
-        total = e.sum()
-        candidate = token[row]
+        value, limit = processed[row], float(top_p[row])
+        total = exps.copy_(value).sub_(value.max()).exp_().sum()
+        candidate = int(token[row])
         while True:
-            ahead = (value > value[candidate]) | ((value == value[candidate]) & (ids < candidate))
-            if torch.where(ahead, e, 0.0).sum() / total <= limit:
+            torch.gt(value, value[candidate], out=ahead)
+            torch.ge(value[:candidate], value[candidate], out=ahead[:candidate])  # ties: the lower ids rank first
+            if torch.dot(ahead, exps) / total <= limit:
                 break
-            candidate = noisy_row.masked_fill(~ahead, float("-inf")).argmax()
+            candidate = int(noisy[row].masked_fill(ahead == 0, float("-inf")).argmax())
         token[row] = candidate
