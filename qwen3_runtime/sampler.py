@@ -15,7 +15,8 @@ from qwen3_runtime.ops import use_triton
 from qwen3_runtime.ops.gumbel_sample import gumbel_sample, processed_values
 from qwen3_runtime.ops.kept_prefix import filter_sorted, kept_prefix
 from qwen3_runtime.ops.top_k_sample import top_k_candidates
-from qwen3_runtime.ops.top_p_sample import top_p_reject
+from qwen3_runtime.ops.top_p_sample import top_p_reject, top_p_reject_reference
+from qwen3_runtime.order_keys import order_key, order_keys_reference, top_ids
 from qwen3_runtime.params import GREEDY_BELOW
 
 _MASK32 = 0xFFFFFFFF
@@ -78,7 +79,7 @@ def sample_raw(
     if cutoff is not None:
         kept = (order_keys_reference(processed) >= cutoff[:, None]) | ~random_rows(params)[:, None]
         processed = processed.masked_fill(~kept, float("-inf"))
-    write_to.copy_(torch.where(((write_rows != 0) & random_rows(params))[:, None], processed, write_to))
+    _write(processed, params, write_rows, write_to)
     return sample_reference(processed, params)
 
 
@@ -89,10 +90,10 @@ def sample_selected(
     filter_cutoffs(...), write_to) gives them, for a batch whose random rows ask 0 < top_k <= cap, or top-p alone
     without their processed logits written, or neither. On the GPU no row sorts: the top-k rows sample among
     their k candidates (ops/top_k_sample.py), the full pass samples the other random rows, and the rows asking
-    top-p alone are drawn again among the tokens it keeps (ops/top_p_sample.py)."""
+    top-p alone are drawn again among the tokens it keeps (ops/top_p_sample.py). Nor on the CPU
+    (_sample_selected_reference)."""
     if not use_triton(logits):
-        peak = logits.amax(dim=-1)
-        return peak, sample_raw(logits, params, peak, write_rows, filter_cutoffs(logits, params, peak), write_to)
+        return _sample_selected_reference(logits, params, write_rows, write_to)
     peak, tokens, cutoff, done, top_p_rows = top_k_candidates(
         logits, params.temperature, params.top_k, params.top_p, params.min_p, params.seed, params.position,
         write_rows, GREEDY_BELOW, NOISE_BITS, cap,
@@ -107,12 +108,42 @@ def sample_selected(
     return peak, tokens
 
 
+def _sample_selected_reference(
+    logits: torch.Tensor, params: SamplingTensors, write_rows: torch.Tensor, write_to: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """sample_selected in PyTorch, with no sort either: each top-k row keeps what top-k then top-p keep of its k
+    largest processed logits (order_keys.top_ids: exactly the sort's first k), one pass samples every row, then
+    the rounds of ops/top_p_sample.py draw again the rows asking top-p alone. As on the GPU, a row holding a NaN is
+    not filtered (its request fails by its status)."""
+    peak = logits.amax(dim=-1)
+    processed = processed_logits(logits, params, peak, filtered=False)
+    for row in (random_rows(params) & (params.top_k > 0) & ~peak.isnan()).nonzero()[:, 0].tolist():
+        _keep_top_k(processed[row], params.top_k[row : row + 1], params.top_p[row : row + 1])
+    _write(processed, params, write_rows, write_to)
+    noisy = noisy_logits(processed, params)
+    tokens = noisy.argmax(dim=-1)
+    top_p_rows = random_rows(params) & (params.top_k <= 0) & (params.top_p < 1) & (write_rows == 0) & peak.isfinite()
+    top_p_reject_reference(processed, noisy, top_p_rows, params.top_p, tokens)
+    return peak, tokens
+
+
+def _keep_top_k(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> None:
+    """In place on one row's processed values [V]: -inf but for the prefix of the stable descending order that
+    top_k [1] (> 0) then top_p [1] keep, counted by ops/kept_prefix.py over the top-k as filter_cutoffs counts it
+    over the sorted row (top-p's mass is the top-k's either way)."""
+    ids = top_ids(values, min(int(top_k), values.numel()))
+    kept = ids[: int(kept_prefix(values[ids][None], top_k, top_p))]
+    kept_values = values[kept]
+    values.fill_(float("-inf"))[kept] = kept_values
+
+
 def filter_cutoffs(logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor) -> torch.Tensor:
     """[B] int64: per random row, the order key (order_keys_reference) of the last token that top-k then top-p
     keep in the stable descending order of its processed logits, so that they keep exactly the tokens whose keys
     are >= it; the smallest key for rows with neither filter, the largest where nothing is kept. The row's values
-    are sorted (stably: ties in id order, as the keys rank them); what top-k then top-p keep of that order is
-    counted by ops/kept_prefix.py (the probabilities summed in float64)."""
+    are sorted (stably: ties in id order, as the keys rank them), as on the GPU, for a top-k above the selection's
+    cap or a top-p cutoff written with the processed logits; what top-k then top-p keep of that order is counted
+    by ops/kept_prefix.py (the probabilities summed in float64)."""
     if use_triton(logits):
         values = processed_values(logits, params.temperature, peak, params.min_p, GREEDY_BELOW)
     else:
@@ -120,23 +151,15 @@ def filter_cutoffs(logits: torch.Tensor, params: SamplingTensors, peak: torch.Te
     top, ids = values.sort(dim=-1, descending=True, stable=True)
     kept = kept_prefix(top, params.top_k, params.top_p)
     place = (kept - 1).clamp_min(0)[:, None]
-    last_kept = _order_key(top.gather(-1, place)[:, 0], ids.gather(-1, place)[:, 0])
+    last_kept = order_key(top.gather(-1, place)[:, 0], ids.gather(-1, place)[:, 0])
     cutoff = torch.where(kept > 0, last_kept, torch.iinfo(torch.int64).max)
     return torch.where((params.top_k > 0) | (params.top_p < 1), cutoff, torch.iinfo(torch.int64).min)
 
 
-def order_keys_reference(values: torch.Tensor) -> torch.Tensor:
-    """[B, V] int64 keys whose descending order is the stable descending sort's (value, then the lower id): the
-    value's order-preserving bits (negatives' magnitudes flipped; -0.0 taken as 0.0, which the sort takes as
-    equal) over the complemented token id."""
-    token = torch.arange(values.shape[-1], device=values.device, dtype=torch.int64)
-    return _order_key(values, token)
-
-
-def _order_key(values: torch.Tensor, token: torch.Tensor) -> torch.Tensor:
-    bits = (values + 0.0).view(torch.int32)  # + 0.0: -0.0 becomes 0.0
-    ordered = bits ^ ((bits >> 31) & 0x7FFFFFFF)  # as int32, in the floats' order
-    return (ordered.long() << 32) | (0x7FFFFFFF - token)  # as logprobs/kernels.order_key
+def _write(processed: torch.Tensor, params: SamplingTensors, write_rows: torch.Tensor, write_to: torch.Tensor) -> None:
+    """Random rows with write_rows != 0 get their processed logits written over their row of `write_to`."""
+    rows = ((write_rows != 0) & random_rows(params)).nonzero()[:, 0]
+    write_to[rows] = processed[rows]
 
 
 def _scaling(params: SamplingTensors, peak: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -160,9 +183,14 @@ def sample(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
 
 def sample_reference(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
     """`sample` in PyTorch: the [B, V] hash and noise materialised, then an argmax."""
+    return noisy_logits(processed, params).argmax(dim=-1)
+
+
+def noisy_logits(processed: torch.Tensor, params: SamplingTensors) -> torch.Tensor:
+    """[B, V] what `sample` takes the argmax of: processed logits plus Gumbel noise on random rows."""
     noise = gumbel_noise(params.seed, params.position, processed.shape[-1])
     noise.masked_fill_(~random_rows(params)[:, None], 0.0)
-    return noise.add_(processed).argmax(dim=-1)
+    return noise.add_(processed)
 
 
 def _top_k_top_p(logits: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:

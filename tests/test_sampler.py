@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from qwen3_runtime import ops
+from qwen3_runtime.order_keys import order_keys_reference
 from qwen3_runtime.sampler import (
     GREEDY_BELOW,
     NOISE_BITS,
@@ -11,9 +12,11 @@ from qwen3_runtime.sampler import (
     gumbel_from_bits,
     gumbel_noise,
     hash_bits,
-    order_keys_reference,
     processed_logits,
     sample,
+    sample_raw,
+    sample_reference,
+    sample_selected,
 )
 
 
@@ -294,7 +297,48 @@ def test_cutoff_keys_keep_what_the_sort_keeps(vocab):
         assert torch.equal(kept, expected), (top_k, top_p)
 
 
-def test_order_keys_order_as_the_stable_sort():
-    values = torch.tensor([[1.5, -0.0, 0.0, float("-inf"), -2.5, 1.5, float("inf"), 3e38]])
-    keys = order_keys_reference(values)
-    assert keys.argsort(descending=True).tolist() == values.sort(descending=True, stable=True).indices.tolist()
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize("vocab", [20, 3000, VOCAB])  # 20: fewer tokens than the cap
+def test_selection_on_the_cpu_samples_and_writes_as_the_sort(vocab):
+    """sample_selected's PyTorch path (the top-k rows filtered among their k largest, the rounds for top-p alone)
+    against sample_raw with filter_cutoffs' sort: the same tokens on every row, near-ties of logit + noise included
+    (the same noise), and the same processed logits written bit for bit into a poisoned write_to (but on the rows
+    holding a NaN, which the GPU does not filter either), the rows not flagged left as they were. Rows: plain,
+    ties, -inf, zeros of both signs, huge, NaN, +inf, only -inf, min-p, greedy rows asking filters; top_k 1, 5,
+    the cap, top-p alone (several rows, some taking more than one round) and neither."""
+    gen = torch.Generator().manual_seed(vocab)
+    rows = [
+        torch.randn(vocab, generator=gen) * 3,
+        torch.randint(-3, 3, (vocab,), generator=gen).float(),
+        torch.randn(vocab, generator=gen).masked_fill(torch.rand(vocab, generator=gen) < 0.5, float("-inf")),
+        torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0),
+        (torch.rand(vocab, generator=gen) * 2 - 1) * 3e38,
+        torch.randn(vocab, generator=gen).index_fill(0, torch.tensor([vocab // 3]), float("nan")),
+        torch.randn(vocab, generator=gen).index_fill(0, torch.tensor([7]), float("inf")),
+        torch.full((vocab,), float("-inf")),
+    ]
+    logits = torch.cat([torch.stack(rows)] * 2 + [torch.randn(8, vocab, generator=gen) * 0.3])
+    n = logits.shape[0]
+    params = _params(n, temperature=0.8, seed=vocab)
+    params.top_k.copy_(torch.tensor([1, 5, 64, 5, 64, 3, 2, 64] + [-1] * 8 + [5, -1, 64, -1, -1, 1, -1, -1]))
+    params.top_p.copy_(torch.tensor([1.0, 0.7, 0.9, 0.5, 0.3] * 2 + [0.6, 0.9, 0.2, 0.999, 0.8, 0.5] + [0.8] * 8))
+    params.top_p[23] = 1.0  # a row without filters
+    params.min_p[[2, 10, 18, 19]] = 0.05
+    params.temperature[[20, 21]] = 0.0  # greedy rows asking filters: unused
+    write_rows = (params.top_k > 0).long()  # the rows asking top-p alone write nothing (their variant sorts)
+    write_rows[0] = 0
+    peak = logits.amax(-1)
+    want_to = torch.full_like(logits, 123.25)
+    got_to = want_to.clone()
+
+    expected = sample_raw(logits, params, peak, write_rows, filter_cutoffs(logits, params, peak), want_to)
+    got_peak, tokens = sample_selected(logits.clone(), params, write_rows, got_to, cap=64)
+
+    assert torch.equal(got_peak.nan_to_num(), peak.nan_to_num()) and torch.equal(tokens, expected)
+    finite = ~logits.isnan().any(-1)
+    assert torch.equal(got_to[finite].view(torch.int32), want_to[finite].view(torch.int32))
+    written = (write_rows != 0) & (params.temperature > 0)
+    assert (got_to[~written] == 123.25).all() and not (got_to[written] == 123.25).any()
+    first_draw = sample_reference(processed_logits(logits, params, peak, filtered=False), params)
+    top_p_alone = (params.top_k <= 0) & (params.top_p < 1) & (params.temperature > 0)
+    assert (tokens != first_draw)[top_p_alone].any()  # a row whose first candidate top-p rejected

@@ -43,7 +43,7 @@ LOG2E = tl.constexpr(1.4426950408889634)
 @triton.jit
 def order_key(x, ids):
     """Unique int64 key: larger means larger value, then lower id (-0.0 ties +0.0); the sampler's cutoffs are
-    such keys too (sampler.order_keys_reference)."""
+    such keys too (order_keys.py: the PyTorch twin)."""
     x = tl.where(x == 0.0, 0.0, x)
     bits = x.to(tl.int32, bitcast=True)
     ordered = tl.where(bits >= 0, bits, bits ^ 0x7FFFFFFF)

@@ -1,21 +1,24 @@
 """Device logprobs: logsumexp, selected-token logprob and rank, exact top-k, per row.
 
 `reduce_logprobs` runs the Triton kernels (`kernels.py`) on CUDA tensors or
-under TRITON_INTERPRET=1, and `reduce_logprobs_reference` (float64 torch)
-otherwise. With a preallocated `out` the Triton path allocates nothing and
-never waits for the host, so it can be captured in a CUDA graph.
+under TRITON_INTERPRET=1, and `reduce_logprobs_reference` (float64 torch, O(V)
+a row as the kernels are) otherwise. With a preallocated `out` the Triton path
+allocates nothing and never waits for the host, so it can be captured in a
+CUDA graph.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from qwen3_runtime.ops import cdiv, use_triton
+from qwen3_runtime.order_keys import top_ids
 
 
 @dataclass(frozen=True)
@@ -225,33 +228,42 @@ reduce_logprobs_reference = functools.partial(reduce_logprobs, reference=True)
 
 
 def _reduce_reference(logits, token_ids, num_top, row_mask, out: LogprobBuffers) -> None:
-    """The reference path of `reduce_logprobs` into `out`, as `launch_reduce` runs the Triton one."""
+    """The reference path of `reduce_logprobs` into `out`, as `launch_reduce` runs the Triton one: float64, O(V) a
+    row and no sort. Each row's passes over the vocabulary run on that row alone, in two scratch rows (on the CPU a
+    fresh [N, V] tensor costs more to allocate than to fill); then every output at once. The rank counts the tokens
+    ranked before the token (larger, or equal with a lower id: -0.0 equals 0.0), flagged in fp32 (whose sums count
+    exactly below 2**24 tokens); the top-k is order_keys.top_ids."""
     n_rows, vocab = logits.shape
     k_max = out.k_max
-    rows = torch.arange(n_rows, device=logits.device) if row_mask is None else row_mask.nonzero()[:, 0]
-    x = logits[rows].double()
-    x = torch.where(x == 0, 0.0, x)  # -0.0 ties +0.0
-    token = token_ids[rows].long()
-    invalid = x.isnan().any(1) | x.isposinf().any(1) | x.isneginf().all(1)
-    token_ok = (token >= 0) & (token < vocab)
-    lse = torch.logsumexp(x, 1)
-    target = x.gather(1, token.clamp(0, vocab - 1)[:, None])[:, 0]
-    ids = torch.arange(vocab, device=x.device)
-    ahead = (x > target[:, None]).sum(1) + ((x == target[:, None]) & (ids < token[:, None])).sum(1)
-    status = torch.where(invalid, 1, torch.where(token_ok, 0, 2))
-    nan = torch.tensor(float("nan"), dtype=torch.float64, device=x.device)
+    on = {"device": logits.device}
+    rows = torch.arange(n_rows, **on) if row_mask is None else row_mask.nonzero()[:, 0]
+    token, wanted_k = token_ids[rows].long(), num_top[rows].long().clamp(0, min(k_max, vocab))
+    lse = torch.full((len(rows),), float("nan"), dtype=torch.float64, **on)  # left NaN on invalid rows
+    ahead = torch.zeros(len(rows), dtype=torch.int64, **on)
+    order = torch.full((len(rows), k_max), -1, dtype=torch.int64, **on)
+    exps = torch.empty(vocab, dtype=torch.float64, **on)
+    flags = torch.empty(vocab, dtype=torch.float32, **on)
+    for i, (row, t, k) in enumerate(zip(rows.tolist(), token.tolist(), wanted_k.tolist())):
+        x = logits[row].float()  # fp32 holds bf16 and fp16 exactly
+        peak = float(x.max())
+        if not math.isfinite(peak):  # exactly the rows holding NaN or +inf, or only -inf
+            continue
+        lse[i] = exps.copy_(x).sub_(peak).exp_().sum().log_().add_(peak)  # torch.logsumexp's steps and bits
+        if 0 <= t < vocab:
+            ahead[i] = torch.gt(x, x[t], out=flags).sum() + torch.eq(x[:t], x[t], out=flags[:t]).sum()
+        if k:
+            order[i, :k] = top_ids(x, k)
+    invalid = lse.isnan()
+    status = torch.where(invalid, 1, torch.where((token >= 0) & (token < vocab), 0, 2))
+    target = logits[rows, token.clamp(0, vocab - 1)].double() + 0.0  # + 0.0: -0.0 becomes 0.0, which it ties
+    nan = torch.tensor(float("nan"), dtype=torch.float64, **on)
     out.status[rows] = status.to(torch.int8)
-    out.logsumexp[rows] = torch.where(invalid, nan, lse).float()
+    out.logsumexp[rows] = lse.float()
     out.logprob[rows] = torch.where(status == 0, target - lse, nan).float()
     out.rank[rows] = torch.where(status == 0, 1 + ahead, -1).int()
     if k_max > 0:
-        width = min(k_max, vocab)
-        values, order = torch.sort(x, dim=1, descending=True, stable=True)
-        values, order = values[:, :width], order[:, :width]
-        pad = k_max - width
-        values = torch.nn.functional.pad(values, (0, pad), value=float("-inf"))
-        order = torch.nn.functional.pad(order, (0, pad), value=-1)
-        wanted = torch.arange(k_max, device=x.device) < num_top[rows].long().clamp(0, width)[:, None]
-        out.top_ids[rows] = torch.where(wanted & ~invalid[:, None], order, -1).int()
+        values = logits[rows[:, None], order.clamp_min(0)].double() + 0.0
         top_lp = torch.where(invalid[:, None], nan, values - lse[:, None])
+        out.top_ids[rows] = order.int()
+        wanted = torch.arange(k_max, **on) < wanted_k[:, None]
         out.top_logprobs[rows] = torch.where(wanted, top_lp, float("-inf")).float()

@@ -176,3 +176,25 @@ def top_p_reject(
             *row_args, top_p, token, *partials, margin, BLOCK=BLOCK, BLOCK_CHUNKS=triton.next_power_of_2(num_chunks),
             LIBDEVICE=not TRITON_INTERPRET, FINISH=spread_round == SPREAD_ROUNDS - 1, num_warps=NUM_WARPS,
         )  # fmt: skip
+
+
+def top_p_reject_reference(
+    processed: torch.Tensor, noisy: torch.Tensor, pending: torch.Tensor, top_p: torch.Tensor, token: torch.Tensor
+) -> None:
+    """top_p_reject in PyTorch, from the processed values [B, V] themselves (the CPU path has them): the same
+    rounds, each a pass over the row, the masses summed from float64 exponentials as the sort's reference sums
+    them, so no margin is needed. A row at a time, in two scratch rows."""
+    vocab = processed.shape[-1]
+    exps = torch.empty(vocab, dtype=torch.float64, device=processed.device)
+    ahead = torch.empty(vocab, dtype=torch.float64, device=processed.device)  # 1 where ranked before the candidate
+    for row in pending.nonzero()[:, 0].tolist():
+        value, limit = processed[row], float(top_p[row])
+        total = exps.copy_(value).sub_(value.max()).exp_().sum()
+        candidate = int(token[row])
+        while True:
+            torch.gt(value, value[candidate], out=ahead)
+            torch.ge(value[:candidate], value[candidate], out=ahead[:candidate])  # ties: the lower ids rank first
+            if torch.dot(ahead, exps) / total <= limit:
+                break
+            candidate = int(noisy[row].masked_fill(ahead == 0, float("-inf")).argmax())
+        token[row] = candidate

@@ -256,6 +256,85 @@ def test_torch_reference_matches_host_reference():
         assert_row_matches(logits, out, i, int(token_ids[i]), 20)
 
 
+def sorted_reduction(logits, token_ids, num_top, k_max) -> dict[str, torch.Tensor]:
+    """The oracle: every field by a full stable sort of each row in float64."""
+    vocab = logits.shape[1]
+    x = logits.double()
+    x = torch.where(x == 0, 0.0, x)  # -0.0 ties +0.0
+    token = token_ids.long()
+    invalid = x.isnan().any(1) | x.isposinf().any(1) | x.isneginf().all(1)
+    lse = torch.logsumexp(x, 1)
+    values, order = torch.sort(x, dim=1, descending=True, stable=True)
+    ok = ~invalid & (token >= 0) & (token < vocab)
+    position = (order == token.clamp(0, vocab - 1)[:, None]).int().argmax(1)
+    nan = torch.tensor(float("nan"), dtype=torch.float64)
+    width = min(k_max, vocab)
+    wanted = torch.arange(k_max) < num_top.long().clamp(0, width)[:, None]
+    pad = lambda t, value: torch.nn.functional.pad(t[:, :width], (0, k_max - width), value=value)
+    top_lp = torch.where(invalid[:, None], nan, pad(values, float("-inf")) - lse[:, None])
+    return {
+        "status": torch.where(invalid, 1, torch.where(ok | invalid, 0, 2)).to(torch.int8),
+        "logsumexp": torch.where(invalid, nan, lse).float(),
+        "logprob": torch.where(ok, x.gather(1, token.clamp(0, vocab - 1)[:, None])[:, 0] - lse, nan).float(),
+        "rank": torch.where(ok, 1 + position, -1).int(),
+        "top_ids": torch.where(wanted & ~invalid[:, None], pad(order, -1), -1).int(),
+        "top_logprobs": torch.where(wanted, top_lp, float("-inf")).float(),
+    }
+
+
+def oracle_rows(vocab: int, seed: int, dtype: torch.dtype) -> torch.Tensor:
+    """Realistic rows, hard_rows, and rows of huge values (ties at both ends), NaN, +inf and only -inf."""
+    gen = torch.Generator().manual_seed(seed)
+    huge = torch.where(torch.rand(vocab, generator=gen) < 0.5, 3e38, -3e38)
+    nan, posinf = torch.randn(2, vocab, generator=gen)
+    nan[vocab // 2], posinf[vocab - 1] = float("nan"), float("inf")
+    special = torch.stack([huge, (torch.rand(vocab, generator=gen) * 2 - 1) * 3e38, nan, posinf])
+    rows = torch.cat(
+        [realistic_logits(3, vocab, seed), hard_rows(vocab, seed), special, torch.full((1, vocab), -torch.inf)]
+    )
+    return rows.to(dtype)
+
+
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")
+@pytest.mark.parametrize(
+    ("vocab", "dtype"),
+    [(1, torch.float32), (2, torch.float32), (3, torch.bfloat16), (37, torch.float16), (1000, torch.bfloat16),
+     (1000, torch.float32), (QWEN_VOCAB, torch.float32)],
+)  # fmt: skip
+def test_reference_gives_the_full_sorts_bits(vocab, dtype):
+    """reduce_logprobs_reference (O(V): counts, and a top-k among block-maxima candidates) against sorted_reduction,
+    bit for bit, into poisoned buffers, every row (some masked off, left as they were): ties, -0.0, -inf, huge
+    values, NaN, +inf and all -inf rows; tokens at ties, at -inf and out of range; num_top from negative to past
+    k_max; k_max from 0 to past the vocabulary (and past the number of blocks)."""
+    logits = oracle_rows(vocab, vocab, dtype)
+    n_rows = logits.shape[0]
+    gen = torch.Generator().manual_seed(vocab + 1)
+    token_ids = torch.randint(0, vocab, (n_rows,), generator=gen)
+    token_ids[[1, 2]] = torch.tensor([-1, vocab])
+    token_ids[8] = int(logits[8].float().isneginf().nonzero()[0]) if logits[8].isneginf().any() else 0
+    for k_max in sorted({0, 1, 5, 20, vocab, vocab + 3}):
+        num_top = torch.randint(-2, k_max + 4, (n_rows,), generator=gen)
+        num_top[0] = k_max
+        mask = torch.rand(n_rows, generator=gen) < 0.8
+        out = LogprobBuffers.allocate(n_rows, k_max, vocab, "cpu")
+        for field in (out.logprob, out.logsumexp, out.top_logprobs):
+            field.fill_(123.25)
+        for field in (out.rank, out.top_ids, out.status):
+            field.fill_(77)
+        poisoned = {name: getattr(out, name).clone() for name in FIELDS}
+        reduce_logprobs_reference(logits, token_ids, num_top, k_max, row_mask=mask, out=out)
+        want = sorted_reduction(logits, token_ids, num_top, k_max)
+        for name in FIELDS:
+            got, expected = (
+                getattr(out, name),
+                torch.where(mask.view(-1, *[1] * (want[name].dim() - 1)), want[name], poisoned[name]),
+            )
+            if got.is_floating_point():
+                got, expected = got.view(torch.int32), expected.view(torch.int32)
+            assert torch.equal(got, expected), (name, k_max)
+        assert out.status[-3:][mask[-3:]].eq(1).all()  # the NaN, +inf and all -inf rows
+
+
 def test_out_with_the_wrong_size_is_refused():
     out = LogprobBuffers.allocate(2, 3, 50, "cpu", TINY)
     with pytest.raises(ValueError, match="out is sized for"):

@@ -8,12 +8,12 @@ import torch
 
 from qwen3_runtime.ops import top_k_sample
 from qwen3_runtime.ops.top_k_sample import BLOCK, top_k_candidates
+from qwen3_runtime.order_keys import order_keys_reference
 from qwen3_runtime.sampler import (
     GREEDY_BELOW,
     NOISE_BITS,
     SamplingTensors,
     gumbel_noise,
-    order_keys_reference,
     processed_logits,
     sample_reference,
 )

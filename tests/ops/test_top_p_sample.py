@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from qwen3_runtime.ops import top_p_sample
-from qwen3_runtime.ops.top_p_sample import top_p_reject
+from qwen3_runtime.ops.top_p_sample import top_p_reject, top_p_reject_reference
 from qwen3_runtime.sampler import (
     SamplingTensors,
     gumbel_noise,
@@ -40,8 +40,15 @@ def _rows(vocab: int, gen: torch.Generator) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def _sample(logits: torch.Tensor, params: SamplingTensors, pending: torch.Tensor, margin: float | None = None):
-    """(the rounds' tokens, the reference's, the reference's top-2 gap of logit + noise, the starting tokens)."""
+def _sample(
+    logits: torch.Tensor,
+    params: SamplingTensors,
+    pending: torch.Tensor,
+    margin: float | None = None,
+    reference: bool = False,
+):
+    """(the rounds' tokens, the reference's, the reference's top-2 gap of logit + noise, the starting tokens); the
+    rounds of top_p_reject_reference if `reference`."""
     peak = logits.amax(-1)
     unfiltered = processed_logits(logits, params, peak, filtered=False)
     noise = gumbel_noise(params.seed, params.position, logits.shape[-1])
@@ -49,15 +56,21 @@ def _sample(logits: torch.Tensor, params: SamplingTensors, pending: torch.Tensor
     start = sample_reference(unfiltered, params)
     token = torch.where(pending != 0, start, POISON)
     kwargs = {} if margin is None else {"margin": margin}
-    top_p_reject(logits, noisy, pending, params.temperature, peak, params.min_p, params.top_p, token, **kwargs)
+    if reference:
+        top_p_reject_reference(unfiltered, noisy, pending, params.top_p, token)
+    else:
+        top_p_reject(logits, noisy, pending, params.temperature, peak, params.min_p, params.top_p, token, **kwargs)
     processed = processed_logits(logits, params, peak)
     top2 = (processed + noise).topk(2, dim=-1).values
     return token, sample_reference(processed, params), top2[:, 0] - top2[:, 1], start
 
 
-def _check(vocab: int, device: str, margin: float | None = None, copies: int = 1) -> torch.Tensor:
+def _check(
+    vocab: int, device: str, margin: float | None = None, copies: int = 1, reference: bool = False
+) -> torch.Tensor:
     """Every flagged row of _rows (each `copies` times, with other seeds) against the reference; returns how many
-    rows changed token in the rounds."""
+    rows changed token in the rounds. `reference`: the PyTorch rounds, which must give the sort's token on every
+    row, near-ties of logit + noise included (the same noise)."""
     gen = torch.Generator().manual_seed(vocab)
     logits = _rows(vocab, gen).repeat(copies, 1)
     n = logits.shape[0]
@@ -72,10 +85,12 @@ def _check(vocab: int, device: str, margin: float | None = None, copies: int = 1
     logits, pending = logits.to(device), pending.to(device)
     before = logits.clone()
 
-    token, expected, gap, start = _sample(logits, params, pending, margin)
+    token, expected, gap, start = _sample(logits, params, pending, margin, reference)
     assert torch.equal(logits.nan_to_num(), before.nan_to_num())  # read only
     flagged = pending != 0
     assert (token[~flagged] == POISON).all()
+    if reference:
+        gap = torch.full_like(gap, float("inf"))
     clear = flagged & (gap > NEAR_TIE)
     assert clear.sum() >= flagged.sum() - 1 and torch.equal(token[clear], expected[clear])
     return (token != start)[flagged].sum()
@@ -87,6 +102,11 @@ def test_rounds_sample_as_the_sort(monkeypatch, spread_rounds):
     monkeypatch.setattr(top_p_sample, "CHUNK", 512)  # a spread round over nine chunks, the last one partial
     monkeypatch.setattr(top_p_sample, "SPREAD_ROUNDS", spread_rounds)
     assert _check(4 * 1024 + 77, "cpu", copies=2) > 0  # some rows took more than one round
+
+
+@pytest.mark.parametrize(("vocab", "copies"), [(300, 32), (VOCAB, 2)])  # many seeds over the rows of ties
+def test_reference_rounds_sample_as_the_sort(vocab, copies):
+    assert _check(vocab, "cpu", copies=copies, reference=True) > 0
 
 
 def test_rounds_in_float64_sample_as_the_sort():
@@ -112,3 +132,15 @@ def test_a_candidate_on_the_boundary_is_kept_as_the_sort_keeps_it():
         clear = gap > NEAR_TIE
         assert (start[clear] == 3).any() and (start[clear] == 4).any()
         assert expected.max() == 3 and torch.equal(token[clear], expected[clear])
+
+
+def test_reference_keeps_a_candidate_whose_mass_before_is_exactly_top_p():
+    """Four equal logits and top_p 0.5: the mass before the third is exactly 0.5, which top-p keeps (<=)."""
+    rows = 64
+    params = SamplingTensors(torch.ones(rows), torch.full((rows,), -1, dtype=torch.int32), torch.full((rows,), 0.5),
+                             torch.arange(rows), torch.zeros(rows, dtype=torch.int64), torch.zeros(rows))  # fmt: skip
+    token, expected, _, start = _sample(
+        torch.zeros(rows, 4), params, torch.ones(rows, dtype=torch.int8), reference=True
+    )
+    assert (start == 2).any() and (start == 3).any()
+    assert expected.max() == 2 and torch.equal(token, expected)
