@@ -14,7 +14,6 @@ import gc
 import statistics
 
 import numpy as np
-import torch
 
 from qwen3_runtime import Runtime, SamplingParams
 
@@ -37,14 +36,14 @@ def tpot_ms(rt: Runtime, prompts: list[list[int]], params: SamplingParams) -> fl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads")
+    parser.add_argument("--threads", type=int, default=1, help="engine.cpu_threads")
     parser.add_argument("--repeats", type=int, default=5, help="runs per setting (medians)")
     parser.add_argument("--prompts", type=int, default=4, help="requests decoded together")
     parser.add_argument("--tokens", type=int, default=32, help="output tokens per request")
     args = parser.parse_args()
-    torch.set_num_threads(args.threads)
     # No prefix cache: every run repeats the same prompts, and a hit would spare the later runs' prefill.
-    rt = Runtime.from_yaml("tiny", overrides={"engine.device": "cpu", "engine.prefix_caching": False})
+    overrides = {"engine.device": "cpu", "engine.prefix_caching": False, "engine.cpu_threads": args.threads}
+    rt = Runtime.from_yaml("tiny", overrides=overrides)
     prompts = np.random.default_rng(0).integers(0, rt.vocab_size, (args.prompts, 16)).tolist()
     params = {
         name: SamplingParams(**{"max_tokens": args.tokens, "temperature": 0.0, "ignore_eos": True, **fields})
