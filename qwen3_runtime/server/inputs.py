@@ -8,7 +8,8 @@ from typing import Any
 
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.server.errors import APIError
-from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
+from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, _Request
+from qwen3_runtime.server.tokenize_protocol import TokenizeRequest
 from qwen3_runtime.tokenizer import Tokenizer
 
 # The most engine requests (prompts x n) one HTTP request may create: OpenAI's cap on n, so any one-prompt request

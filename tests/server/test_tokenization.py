@@ -6,9 +6,10 @@ from pydantic import ValidationError
 from qwen3_runtime.params import RequestLimits
 from qwen3_runtime.server.errors import APIError
 from qwen3_runtime.server.inputs import chat_inputs
-from qwen3_runtime.server.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
+from qwen3_runtime.server.protocol import ChatCompletionRequest
 from qwen3_runtime.server.state import ServerState
 from qwen3_runtime.server.tokenization import detokenize, tokenize
+from qwen3_runtime.server.tokenize_protocol import DetokenizeRequest, TokenizeRequest
 from qwen3_runtime.tokenizer import Tokenizer
 
 LIMITS = RequestLimits(vocab_size=151936, max_model_len=64, max_logprobs=5)
