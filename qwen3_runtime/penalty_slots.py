@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from qwen3_runtime.ops.penalties import SlotState, apply_penalties
+from qwen3_runtime.ops.penalties import PenaltyRows, SlotState, apply_penalties
 from qwen3_runtime.params import MAX_LOGIT_BIAS, MAX_STOP_IDS
 from qwen3_runtime.request import Request
 from qwen3_runtime.step_inputs import StepInputs
@@ -80,16 +80,9 @@ class PenaltySlots:
     def apply(self, logits: torch.Tensor, inp: StepInputs, rows: int) -> torch.Tensor:
         """The penalized copy of the first `rows` staged rows' logits; the rows asking processed logprobs also get
         theirs written over `logits`, which their logprobs are taken from."""
-        return apply_penalties(
-            logits,
-            inp.penalty_slot[:rows],
-            inp.presence[:rows],
-            inp.frequency[:rows],
-            inp.repetition[:rows],
-            inp.suppress_stop[:rows],
-            self.state,
-            write_rows=inp.processed[:rows],
-        )
+        staged = inp.penalty_slot, inp.presence, inp.frequency, inp.repetition, inp.suppress_stop
+        per_row = PenaltyRows(*(t[:rows] for t in staged))
+        return apply_penalties(logits, per_row, self.state, write_rows=inp.processed[:rows])
 
     def count(self, tokens: torch.Tensor, slot: torch.Tensor) -> None:
         """Add each row's sampled token to its slot's counts (rows without a slot to the spare last row)."""

@@ -9,33 +9,23 @@ from collections.abc import Sequence as Seq
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from tqdm import tqdm
 
-from qwen3_runtime import ops
+from qwen3_runtime import generate as batch
 from qwen3_runtime.block_manager import BlockManager
-from qwen3_runtime.config import ArchitectureConfig, Config, ConfigError, EngineConfig, load_config
-from qwen3_runtime.device import (
-    allocations_sized_by_config,
-    release_memory,
-    resolve_device,
-    resolve_dtype,
-    set_cpu_threads,
-    size_kv_cache,
-)
-from qwen3_runtime.kv_cache import allocate_kv_cache
-from qwen3_runtime.loader import load_model, model_architecture, read_sampling_defaults
-from qwen3_runtime.memory_profile import worst_step_bytes
+from qwen3_runtime.config import Config, load_config
+from qwen3_runtime.device import release_memory
+from qwen3_runtime.engine_setup import build_engine
+from qwen3_runtime.loader import read_sampling_defaults
 from qwen3_runtime.packed_rows import build_latest
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate, Status
-from qwen3_runtime.runner import ModelRunner, RowResult, StepInFlight
+from qwen3_runtime.runner import RowResult, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
 from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.summary import EngineSummary
 from qwen3_runtime.tokenizer import Tokenizer, load_tokenizer
-from qwen3_runtime.validation import check_text, plain_token_ids
+from qwen3_runtime.validation import check_text
 
 # Token ids, text, or chat messages ([{"role": ..., "content": ...}, ...]).
 Prompt = list[int] | str | list[dict]
@@ -47,19 +37,11 @@ class Runtime:
 
     def __init__(self, config: Config) -> None:
         """`config` as given; self.config is it with engine.max_model_len resolved."""
-        engine = config.engine
-        self.device = resolve_device(engine.device)
-        if engine.batch_invariant and not (self.device.type == "cuda" or ops.TRITON_INTERPRET):
-            # (Triton's interpreter runs the mode for tests, but its dots are numpy's, which are not invariant.)
-            raise ConfigError("engine.batch_invariant=true needs a CUDA device: its kernels are Triton's")
-        self.dtype = resolve_dtype(config.model.dtype, self.device)
-        set_cpu_threads(engine.cpu_threads)  # before the weights load or initialize on the CPU
-        arch = model_architecture(config.model)
-        context = _context(engine, arch)  # before the weights load, which may take minutes
-        self.model = load_model(config.model, self.device, self.dtype)
-        num_blocks = self._allocate(config, arch, context)
-        engine = self.config.engine
-        self.scheduler = Scheduler(engine, BlockManager(num_blocks, engine.block_size, engine.prefix_caching))
+        built = build_engine(config)
+        self.config, self.device, self.dtype = built.config, built.device, built.dtype
+        self.model, self.runner, self.kv_cache = built.model, built.runner, built.kv_cache
+        arch, engine = built.arch, self.config.engine
+        self.scheduler = Scheduler(engine, BlockManager(built.num_blocks, engine.block_size, engine.prefix_caching))
         self.eos_token_ids = set(arch.eos_token_ids)
         # What every request is checked against (and the server's API process, before a request is sent here).
         self.limits = RequestLimits(
@@ -78,33 +60,6 @@ class Runtime:
         self._closed = False
         # The model, dtype, device, limits, KV capacity and graphs, as `generate` and `serve` print them.
         self.summary = EngineSummary.of(self, config.engine.max_model_len)
-
-    def _allocate(self, config: Config, arch: ArchitectureConfig, context: int) -> int:
-        """The runner and the KV cache, and self.config; returns the cache's blocks.
-
-        The runner is built and the worst step profiled for `context` before the cache is sized; where the cache
-        holds less (max_model_len null), the runner is built again for what it holds, before any graph is captured,
-        so its buffers, block tables and attention splits match the limit. The profile still bounds the steps: a
-        shorter max_model_len only cuts the same token budget into shorter prompts."""
-        with allocations_sized_by_config(self.device):
-            self.config = config.with_max_model_len(context)
-            self.runner = self._new_runner()
-            # The worst step's memory is set aside before the KV cache takes its share of what is free.
-            reserved = worst_step_bytes(self.runner, self.config, self.dtype) if self.device.type == "cuda" else 0
-            size = size_kv_cache(config.engine, arch, self.device, self.dtype, reserved)
-            if size.max_model_len < context:
-                del self.runner  # freed by release_memory (its graphs and stager call back into it: a cycle)
-                release_memory(self.device)
-                self.config = config.with_max_model_len(size.max_model_len)
-                self.runner = self._new_runner()
-            block_size = config.engine.block_size
-            self.kv_cache = allocate_kv_cache(arch, size.num_blocks, block_size, self.dtype, self.device)
-            self.runner.attach_kv_cache(self.kv_cache)
-        return size.num_blocks
-
-    def _new_runner(self) -> ModelRunner:
-        self.model.build_rope_table(self.config.engine.max_model_len)
-        return ModelRunner(self.model, self.config)
 
     @classmethod
     def from_yaml(cls, path: str | Path, overrides: dict[str, Any] | None = None) -> Runtime:
@@ -159,7 +114,7 @@ class Runtime:
         `chat_template_kwargs`: Qwen3's enable_thinking, as vLLM's LLM.chat takes them). `stream`: report its tokens
         step by step through take_updates()."""
         self._check_open()
-        prompt, params = self._validate(self._token_ids(prompt, chat_template_kwargs or {}), params)
+        prompt, params = check_request(self._token_ids(prompt, chat_template_kwargs or {}), params, self.limits)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         req = Request(self._new_id(), prompt, params, seed=seed, stream=stream, arrival_time=time.perf_counter())
         self.scheduler.add(req)
@@ -294,68 +249,8 @@ class Runtime:
         `prompts`. `params`: one for all, one per prompt, or None for default_sampling_params();
         `chat_template_kwargs`: for the chat prompts (add_request's). Requests added before keep running beside them;
         those that end meanwhile come with the next step()."""
-        if _one_prompt(prompts):
-            prompts = [prompts]
-        params = self.default_sampling_params() if params is None else params
-        per_request = [params] * len(prompts) if isinstance(params, SamplingParams) else list(params)
-        if len(per_request) != len(prompts):
-            raise ValueError(f"params has {len(per_request)} entries for {len(prompts)} prompts")
-        outputs: dict[int, RequestOutput] = {}
-        budget: dict[int, int] = {}  # the most tokens each accepted request can produce
-        ids = []
-        for prompt, p in zip(prompts, per_request):
-            try:
-                request_id = self.add_request(prompt, p, chat_template_kwargs=chat_template_kwargs)
-                prompt_len = len(self._live[request_id].prompt)
-                budget[request_id] = min(p.max_tokens, self.config.engine.max_model_len - prompt_len)
-            except ValueError as e:
-                request_id = self._new_id()
-                prompt_ids = plain_token_ids(prompt)
-                outputs[request_id] = RequestOutput(request_id, prompt_ids, [], None, None, "error", error=str(e))
-            ids.append(request_id)
-        others = []
-        with tqdm(total=sum(budget.values()), unit="tok", disable=not use_tqdm, dynamic_ncols=True) as bar:
-            while budget.keys() - outputs.keys():
-                before = self.num_generated
-                for out in self.step():
-                    if out.request_id not in budget:
-                        others.append(out)
-                        continue
-                    outputs[out.request_id] = out
-                    bar.total -= budget[out.request_id] - len(out.token_ids)  # tokens that will not come
-                bar.update(self.num_generated - before)
-        self._undelivered += others
-        return [outputs[i] for i in ids]
+        return batch.generate(self, prompts, params, use_tqdm, chat_template_kwargs)
 
     def _new_id(self) -> int:
         self._next_id += 1
         return self._next_id - 1
-
-    def _validate(self, prompt: object, params: object) -> tuple[list[int], SamplingParams]:
-        """The prompt as ints and a checked copy of the params; ValueError names what is wrong."""
-        return check_request(prompt, params, self.limits)
-
-
-def _context(engine: EngineConfig, arch: ArchitectureConfig) -> int:
-    """The max_model_len the engine is built for before its KV cache is sized: engine.max_model_len, which the model
-    must serve, or the model's context."""
-    if engine.max_model_len is None:
-        return arch.max_context
-    if engine.max_model_len > arch.max_context:
-        limit = "max_position_embeddings" if arch.rope_scaling is None else "rope_scaling's context"
-        raise ConfigError(
-            f"engine.max_model_len={engine.max_model_len} is out of range: must be <= "
-            f"{limit}={arch.max_context} of the model"
-        )
-    return engine.max_model_len
-
-
-def _one_prompt(prompts: object) -> bool:
-    """Whether generate() was given one prompt rather than a list of them: a text, token ids or chat messages."""
-    if isinstance(prompts, str):
-        return True
-    items = list(prompts) if isinstance(prompts, (list, tuple)) else []
-    return bool(items) and (
-        all(isinstance(t, int | np.integer) and not isinstance(t, bool) for t in items)
-        or all(isinstance(m, dict) for m in items)
-    )

@@ -24,7 +24,7 @@ from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.ops.invariant_linear import invariant_linear
 from qwen3_runtime.ops.linear import Tiles, linear, linear_partials
 from qwen3_runtime.ops.norms import silu_mul
-from qwen3_runtime.ops.penalties import SlotState, apply_penalties
+from qwen3_runtime.ops.penalties import PenaltyRows, SlotState, apply_penalties
 from qwen3_runtime.params import MAX_LOGIT_BIAS
 from qwen3_runtime.runner import TOP_K_CAP
 from qwen3_runtime.sampler import SamplingTensors, filter_cutoffs, sample_raw, sample_selected
@@ -167,7 +167,7 @@ def sampling_rows(batches: list[int]) -> list[dict]:
             torch.full((batch, 4), -1, device="cuda", dtype=torch.int32), full(0, torch.int32), bias_ids,
             torch.full((batch, MAX_LOGIT_BIAS), -0.5, device="cuda", dtype=torch.float32),
         )  # fmt: skip
-        penalty_rows = (
+        penalty_rows = PenaltyRows(
             torch.arange(batch, device="cuda", dtype=torch.int32), full(0.2, torch.float32),
             full(0.2, torch.float32), full(1.1, torch.float32), no_writes,
         )  # fmt: skip
@@ -178,8 +178,8 @@ def sampling_rows(batches: list[int]) -> list[dict]:
             "top_k_sample": lambda x: sample_selected(x, params, no_writes, x, TOP_K_CAP),
             "top_p_sample": lambda x: sample_selected(x, top_p_alone, no_writes, x, TOP_K_CAP),
             "top_p_sort_cutoffs": lambda x: filter_cutoffs(x, top_p_alone, x.amax(dim=-1)),
-            "penalties_copy": lambda x: apply_penalties(x, *penalty_rows, slots),
-            "penalties_biased": lambda x: apply_penalties(x, *penalty_rows, biased),  # 32 logit_bias entries a row
+            "penalties_copy": lambda x: apply_penalties(x, penalty_rows, slots),
+            "penalties_biased": lambda x: apply_penalties(x, penalty_rows, biased),  # 32 logit_bias entries a row
         }
         row = {"batch": batch, **{name: graph_us_per_call(step, logits) for name, step in parts.items()}}
         rows.append(row)

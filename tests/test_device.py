@@ -76,7 +76,7 @@ def test_explicit_kv_blocks_must_fit_the_free_memory(monkeypatch):
 
 def test_running_out_of_memory_while_sizing_the_engine_names_the_keys(monkeypatch, make_runtime, tiny_checkpoint):
     """A GPU's OutOfMemoryError and the CPU allocator's RuntimeError alike; any other error keeps its traceback."""
-    from qwen3_runtime import runtime
+    from qwen3_runtime import engine_setup
 
     def kv_cache_raising(error: Exception):
         def allocate(*args):
@@ -88,12 +88,12 @@ def test_running_out_of_memory_while_sizing_the_engine_names_the_keys(monkeypatc
         torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 9.00 GiB"),
         RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 99 bytes"),
     ):
-        monkeypatch.setattr(runtime, "allocate_kv_cache", kv_cache_raising(error))
+        monkeypatch.setattr(engine_setup, "allocate_kv_cache", kv_cache_raising(error))
         with pytest.raises(
             ConfigError, match=r"^out of memory on cpu while allocating the engine \(.*\): lower engine"
         ):
             make_runtime(tiny_checkpoint)
-    monkeypatch.setattr(runtime, "allocate_kv_cache", kv_cache_raising(RuntimeError("a bug")))
+    monkeypatch.setattr(engine_setup, "allocate_kv_cache", kv_cache_raising(RuntimeError("a bug")))
     with pytest.raises(RuntimeError, match="^a bug$"):
         make_runtime(tiny_checkpoint)
 

@@ -293,9 +293,9 @@ def test_yarn_serves_its_context_past_max_position_embeddings(make_runtime, make
     rt = make_runtime(path, engine__max_model_len=1024, engine__max_num_batched_tokens=1024)
     (out,) = rt.generate([[5] * 1000], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))
     assert out.finish_reason == "length" and len(out.token_ids) == 24  # the context's last position
-    from qwen3_runtime import runtime
+    from qwen3_runtime import engine_setup
 
-    monkeypatch.setattr(runtime, "load_model", lambda *_: pytest.fail("the weights load before the check"))
+    monkeypatch.setattr(engine_setup, "load_model", lambda *_: pytest.fail("the weights load before the check"))
     with pytest.raises(ConfigError, match=r"engine.max_model_len=1025 is out of range: .* context=1024"):
         make_runtime(path, engine__max_model_len=1025)
 

@@ -84,9 +84,7 @@ def greedy_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return greedy_max_reference(logits)
     rows, vocab = logits.shape
     assert logits.dtype == torch.float32 and logits.stride(1) == 1
-    num_chunks = triton.cdiv(vocab, CHUNK)
-    chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=logits.device)
-    chunk_id = torch.empty(rows, num_chunks, dtype=torch.int32, device=logits.device)
+    num_chunks, chunk_max, chunk_id = chunk_buffers(rows, vocab, CHUNK, logits.device)
     if rows:
         _chunk_max_kernel[(rows, num_chunks)](
             logits,
@@ -100,6 +98,14 @@ def greedy_max(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             **pdl_launch(logits),
         )
     return reduce_chunks(chunk_max, chunk_id, vocab)
+
+
+def chunk_buffers(rows: int, vocab: int, chunk: int, device: torch.device) -> tuple[int, torch.Tensor, torch.Tensor]:
+    """Stage 1's output, for reduce_chunks: (chunks a row splits into, their maxima [B, chunks] f32, their ids
+    [B, chunks] int32). Shared with gumbel_sample, whose stage 1 differs but whose stage 2 is this module's."""
+    num_chunks = triton.cdiv(vocab, chunk)
+    chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=device)
+    return num_chunks, chunk_max, torch.empty(rows, num_chunks, dtype=torch.int32, device=device)
 
 
 def reduce_chunks(

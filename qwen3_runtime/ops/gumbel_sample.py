@@ -223,9 +223,7 @@ def gumbel_sample(
     write_to = processed if write_to is None else write_to
     assert noisy is None or (transform is not None and noisy[1].shape == processed.shape and noisy[1].is_contiguous())
     assert write_to.shape == processed.shape and write_to.dtype == torch.float32 and write_to.stride(1) == 1
-    num_chunks = triton.cdiv(vocab, CHUNK)
-    chunk_max = torch.empty(rows, num_chunks, dtype=torch.float32, device=processed.device)
-    chunk_id = torch.empty(rows, num_chunks, dtype=torch.int32, device=processed.device)
+    num_chunks, chunk_max, chunk_id = greedy.chunk_buffers(rows, vocab, CHUNK, processed.device)
     if rows:
         _chunk_kernel[(rows, num_chunks)](
             processed,

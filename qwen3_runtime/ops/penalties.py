@@ -29,6 +29,16 @@ CHUNK = 2048
 BLOCK_BIAS = 128  # logit_bias entries a program compares with its chunk at a time
 
 
+class PenaltyRows(NamedTuple):
+    """A batch's per-row inputs ([B] each), in the kernel's argument order."""
+
+    slot: torch.Tensor  # int: the row's penalty slot in SlotState, < 0 for none (the row is copied unchanged)
+    presence: torch.Tensor  # f32
+    frequency: torch.Tensor  # f32
+    repetition: torch.Tensor  # f32
+    suppress_stop: torch.Tensor  # int, nonzero: the slot's stop ids are -inf (min_tokens not reached)
+
+
 class SlotState(NamedTuple):
     """The penalty slots' device state; a row reads its slot's."""
 
@@ -130,21 +140,16 @@ def _penalties_kernel(
 
 def apply_penalties(
     logits: torch.Tensor,
-    slot: torch.Tensor,
-    presence: torch.Tensor,
-    frequency: torch.Tensor,
-    repetition: torch.Tensor,
-    suppress_stop: torch.Tensor,
+    per_row: PenaltyRows,
     state: SlotState,
     out: torch.Tensor | None = None,
     write_rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """The penalized copy of fp32 `logits` [B, V]. Per row ([B] each): `slot` (int, < 0: no penalties) into
-    `state`; presence, frequency and repetition (f32); suppress_stop (int, nonzero: the stop ids are -inf).
-    Written into `out` when given (the kernel path), else a new tensor; rows with write_rows [B] != 0 (int) are
-    also written over `logits`. Allocates only by (B, V): capturable in a CUDA graph."""
+    """The penalized copy of fp32 `logits` [B, V], each row's slot read from `state`. Written into `out` when given
+    (the kernel path), else a new tensor; rows with write_rows [B] != 0 (int) are also written over `logits`.
+    Allocates only by (B, V): capturable in a CUDA graph."""
     if not use_triton(logits):
-        penalized = apply_penalties_reference(logits, slot, presence, frequency, repetition, suppress_stop, state)
+        penalized = apply_penalties_reference(logits, per_row, state)
         if write_rows is not None:
             logits.copy_(torch.where((write_rows != 0)[:, None], penalized, logits))
         return penalized
@@ -159,18 +164,14 @@ def apply_penalties(
         _penalties_kernel[(rows, triton.cdiv(vocab, CHUNK))](
             logits,
             out,
-            slot,
-            presence,
-            frequency,
-            repetition,
-            suppress_stop,
+            *per_row,
             counts,
             prompt_mask,
             stop_ids,
             num_bias,
             bias_ids,
             bias_values,
-            slot if write_rows is None else write_rows,  # unread without WRITE
+            per_row.slot if write_rows is None else write_rows,  # unread without WRITE
             vocab,
             logits.stride(0),
             out.stride(0),
@@ -189,16 +190,9 @@ def apply_penalties(
     return out
 
 
-def apply_penalties_reference(
-    logits: torch.Tensor,
-    slot: torch.Tensor,
-    presence: torch.Tensor,
-    frequency: torch.Tensor,
-    repetition: torch.Tensor,
-    suppress_stop: torch.Tensor,
-    state: SlotState,
-) -> torch.Tensor:
+def apply_penalties_reference(logits: torch.Tensor, per_row: PenaltyRows, state: SlotState) -> torch.Tensor:
     """`apply_penalties` in PyTorch: each row's state gathered into [B, V] tensors."""
+    slot, presence, frequency, repetition, suppress_stop = per_row
     held = (slot >= 0)[:, None]
     rows = slot.long().clamp_min(0)
     vocab = logits.shape[1]

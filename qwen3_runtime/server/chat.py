@@ -16,7 +16,7 @@ from qwen3_runtime.tokenizer import Tokenizer
 
 async def create_chat_completion(req: ChatCompletionRequest, state: ServerState) -> JSONResponse | StreamingResponse:
     tok = state.tokenizer
-    inputs = chat_inputs(req, tok, state.limits, state.sampling_defaults, state.max_choices)
+    inputs = chat_inputs(req, state.inputs)
     gen = Generation(state.client, tok, inputs, req.text_options())
     gen.start()
     if req.stream:

@@ -16,7 +16,7 @@ from qwen3_runtime.tokenizer import Tokenizer, detokenize
 
 
 async def create_completion(req: CompletionRequest, state: ServerState) -> JSONResponse | StreamingResponse:
-    inputs = completion_inputs(req, state.tokenizer, state.limits, state.sampling_defaults, state.max_choices)
+    inputs = completion_inputs(req, state.inputs)
     gen = Generation(state.client, state.tokenizer, inputs, req.text_options())
     gen.start()
     header = response_header("cmpl", "text_completion", state.model_name)

@@ -8,12 +8,23 @@ from typing import Any
 
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.server.errors import APIError
-from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, TokenizeRequest, _Request
+from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, _Request
+from qwen3_runtime.server.tokenize_protocol import TokenizeRequest
 from qwen3_runtime.tokenizer import Tokenizer
 
 # The most engine requests (prompts x n) one HTTP request may create: OpenAI's cap on n, so any one-prompt request
 # OpenAI takes passes. Past it, one small body could queue minutes of work ahead of every other client.
 DEFAULT_MAX_CHOICES = 128
+
+
+@dataclass(frozen=True)
+class InputContext:
+    """What turning any body into engine requests reads besides the body: one argument, not four per endpoint."""
+
+    tok: Tokenizer
+    limits: RequestLimits
+    defaults: dict[str, Any]  # the checkpoint's sampling defaults, for fields a request leaves unset
+    max_choices: int = DEFAULT_MAX_CHOICES
 
 
 @dataclass
@@ -39,27 +50,15 @@ def completion_prompts(req: CompletionRequest, tok: Tokenizer) -> list[list[int]
     return prompts
 
 
-def completion_inputs(
-    req: CompletionRequest,
-    tok: Tokenizer,
-    limits: RequestLimits,
-    defaults: dict[str, Any],
-    max_choices: int = DEFAULT_MAX_CHOICES,
-) -> list[EngineInput]:
+def completion_inputs(req: CompletionRequest, ctx: InputContext) -> list[EngineInput]:
     prompt_logprobs = req.prompt_logprobs
     if req.echo and req.logprobs is not None:  # the prompt's logprobs come first in the response
         prompt_logprobs = -1 if -1 in (prompt_logprobs, req.logprobs) else max(prompt_logprobs or 0, req.logprobs)
     fields = dict(max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs)
-    return _expand(req, completion_prompts(req, tok), fields, limits, defaults, max_choices)
+    return _expand(req, completion_prompts(req, ctx.tok), fields, ctx)
 
 
-def chat_inputs(
-    req: ChatCompletionRequest,
-    tok: Tokenizer,
-    limits: RequestLimits,
-    defaults: dict[str, Any],
-    max_choices: int = DEFAULT_MAX_CHOICES,
-) -> list[EngineInput]:
+def chat_inputs(req: ChatCompletionRequest, ctx: InputContext) -> list[EngineInput]:
     if req.top_logprobs is not None and not req.logprobs:
         raise APIError("when using `top_logprobs`, `logprobs` must be set to true", "top_logprobs")
     max_tokens = req.max_completion_tokens or req.max_tokens
@@ -68,7 +67,7 @@ def chat_inputs(
     if req.max_completion_tokens:
         rename["max_tokens"] = "max_completion_tokens"
     fields = dict(max_tokens=max_tokens, logprobs=logprobs)
-    return _expand(req, [chat_prompt(req, tok)], fields, limits, defaults, max_choices, rename)
+    return _expand(req, [chat_prompt(req, ctx.tok)], fields, ctx, rename)
 
 
 def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tok: Tokenizer) -> list[int]:
@@ -90,19 +89,13 @@ def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tok: Tokenizer) ->
 
 
 def _expand(
-    req: _Request,
-    prompts: list[list[int]],
-    fields: dict,
-    limits: RequestLimits,
-    defaults: dict[str, Any],
-    max_choices: int,
-    rename: dict | None = None,
+    req: _Request, prompts: list[list[int]], fields: dict, ctx: InputContext, rename: dict | None = None
 ) -> list[EngineInput]:
     """n engine requests per prompt, with seeds seed, seed + 1, ... (or each its own random one). max_tokens: the
     fields' or, unset (None), the model's default, within what the context leaves (vLLM's get_max_tokens: the
     default is not a ceiling on a max_tokens asked for)."""
-    rename = rename or {}
-    _check_choices(len(prompts), req.n, max_choices)
+    limits, defaults, rename = ctx.limits, ctx.defaults, rename or {}
+    _check_choices(len(prompts), req.n, ctx.max_choices)
     _check_logprobs(fields.get("logprobs"), "sample", limits, rename.get("logprobs", "logprobs"))
     _check_logprobs(fields.get("prompt_logprobs"), "prompt", limits, "prompt_logprobs")
     inputs = []

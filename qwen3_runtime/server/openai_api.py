@@ -20,9 +20,10 @@ from qwen3_runtime.server.body_limit import DEFAULT_MAX_REQUEST_BYTES, BodyLimit
 from qwen3_runtime.server.chat import create_chat_completion
 from qwen3_runtime.server.completions import create_completion
 from qwen3_runtime.server.errors import APIError, body_not_utf8, engine_unavailable, validation_error
-from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, DetokenizeRequest, TokenizeRequest
+from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from qwen3_runtime.server.state import ServerState
 from qwen3_runtime.server.tokenization import detokenize, tokenize
+from qwen3_runtime.server.tokenize_protocol import DetokenizeRequest, TokenizeRequest
 from qwen3_runtime.version import package_version
 
 # The API key guards OpenAI's routes only, as vLLM's: /health, /metrics (Prometheus scrapers carry no key), /version

@@ -54,10 +54,6 @@ UNSUPPORTED_CHAT = {
     "continue_final_message": (None, False),
     "chat_template": (None,),
 }
-TOKENIZE_UNSUPPORTED = {
-    "return_token_strs": (None, False),
-    **{name: UNSUPPORTED_CHAT[name] for name in ("tools", "continue_final_message", "chat_template")},
-}
 # The roles Qwen3's chat template renders: it drops a message of any other role without a word. OpenAI's
 # "developer" is its newer name for "system" (o1 and later), and reaches the template as one.
 ROLES = ("system", "user", "assistant", "tool")
@@ -235,43 +231,6 @@ class ChatCompletionRequest(_Request):
     def _check_messages(self) -> ChatCompletionRequest:
         check_messages(self.messages)
         return self
-
-
-class TokenizeRequest(BaseModel):
-    """vLLM's /tokenize: a text, or chat messages through the chat template (exactly one of them)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    prompt: str | None = None
-    messages: list[ChatMessage] | None = None
-    add_generation_prompt: bool = True
-    chat_template_kwargs: dict[str, Any] | None = None
-    # Qwen3's tokenizer adds no special tokens to a text (no BOS), so either value gives the same ids.
-    add_special_tokens: bool = True
-
-    @model_validator(mode="after")
-    def _one_input(self) -> TokenizeRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise refused("prompt", "give either prompt or messages")
-        check_messages(self.messages)
-        return self
-
-    @model_validator(mode="before")
-    @classmethod
-    def _unsupported_refused(cls, data: Any) -> Any:
-        """vLLM's fields that change the ids but that this server does not implement: refused unless off, as the
-        chat endpoint refuses them, so the count is never one of a prompt other than the chat's."""
-        if isinstance(data, dict):
-            refuse_unless_off(data, TOKENIZE_UNSUPPORTED)
-        return data
-
-
-class DetokenizeRequest(BaseModel):
-    model_config = ConfigDict(extra="ignore")
-
-    model: str | None = None
-    tokens: list[int]
 
 
 _Request.model_rebuild()

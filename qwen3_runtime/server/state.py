@@ -10,7 +10,7 @@ from typing import Any
 
 from qwen3_runtime.params import RequestLimits
 from qwen3_runtime.server.engine_client import EngineClient
-from qwen3_runtime.server.inputs import DEFAULT_MAX_CHOICES
+from qwen3_runtime.server.inputs import DEFAULT_MAX_CHOICES, InputContext
 from qwen3_runtime.server.metrics import ServerMetrics
 from qwen3_runtime.tokenizer import Tokenizer
 
@@ -24,6 +24,10 @@ class ServerState:
     sampling_defaults: dict[str, Any]  # the checkpoint's generation_config.json's, for fields a request leaves unset
     metrics: ServerMetrics
     max_choices: int = DEFAULT_MAX_CHOICES  # the most engine requests (prompts x n) one HTTP request may create
+
+    @property
+    def inputs(self) -> InputContext:
+        return InputContext(self.tokenizer, self.limits, self.sampling_defaults, self.max_choices)
 
 
 def response_header(prefix: str, obj: str, model: str) -> dict:

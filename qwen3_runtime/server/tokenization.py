@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from qwen3_runtime.server.errors import APIError
 from qwen3_runtime.server.inputs import chat_prompt
-from qwen3_runtime.server.protocol import DetokenizeRequest, TokenizeRequest
 from qwen3_runtime.server.state import ServerState
+from qwen3_runtime.server.tokenize_protocol import DetokenizeRequest, TokenizeRequest
 from qwen3_runtime.validation import check_token_ids
 
 

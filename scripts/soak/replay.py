@@ -24,7 +24,7 @@ import numpy as np
 
 from qwen3_runtime import Runtime, SamplingParams
 from qwen3_runtime.params import RequestLimits
-from qwen3_runtime.server.inputs import chat_inputs, completion_inputs
+from qwen3_runtime.server.inputs import InputContext, chat_inputs, completion_inputs
 from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest
 from qwen3_runtime.tokenizer import Tokenizer, detokenize
 from scripts.soak.client import Choice, Result
@@ -51,11 +51,11 @@ class Mismatch:
 def engine_inputs(result: Result, tok: Tokenizer, limits: RequestLimits, defaults: dict[str, Any]) -> list[Item]:
     """The engine requests the server made of this HTTP request, by the server's own code (server/inputs.py);
     `limits` and `defaults` the Runtime's. A greedy item asks for two logprobs at least, to see near-ties."""
-    body = result.spec.body
+    body, ctx = result.spec.body, InputContext(tok, limits, defaults)
     if result.spec.route == "chat":
-        inputs = chat_inputs(ChatCompletionRequest(**body), tok, limits, defaults)
+        inputs = chat_inputs(ChatCompletionRequest(**body), ctx)
     else:
-        inputs = completion_inputs(CompletionRequest(**body), tok, limits, defaults)
+        inputs = completion_inputs(CompletionRequest(**body), ctx)
     items = []
     for j, x in enumerate(inputs):
         params = replace(x.params, logprobs=max(x.params.logprobs or 0, 2)) if x.params.greedy else x.params

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from qwen3_runtime.ops import penalties
-from qwen3_runtime.ops.penalties import CHUNK, SlotState, apply_penalties, apply_penalties_reference
+from qwen3_runtime.ops.penalties import CHUNK, PenaltyRows, SlotState, apply_penalties, apply_penalties_reference
 from qwen3_runtime.params import MAX_LOGIT_BIAS
 
 NUM_STOP = 3  # not a power of two: the kernel pads the load
@@ -49,11 +49,13 @@ def _inputs(vocab: int, seed: int) -> dict:
     state = SlotState(counts, prompt_mask, stop_ids, *_bias(vocab, g))
     return dict(
         logits=logits,
-        slot=torch.tensor([0, -1, 1, 2, -1, 0, 3, 2], dtype=torch.int64),
-        presence=f32(0.5, 2.0, -1.5, 0.0, 0.0, 2.0, 0.3, 0.0),
-        frequency=f32(0.25, 1.0, 0.0, -2.0, 0.0, -0.7, 0.1, 0.0),
-        repetition=f32(1.3, 2.0, 0.7, 1.0, 1.0, 1.0, 9.5, 1.0),
-        suppress_stop=torch.tensor([1, 1, 0, 1, 0, 0, 1, 0], dtype=torch.int64),
+        per_row=PenaltyRows(
+            slot=torch.tensor([0, -1, 1, 2, -1, 0, 3, 2], dtype=torch.int64),
+            presence=f32(0.5, 2.0, -1.5, 0.0, 0.0, 2.0, 0.3, 0.0),
+            frequency=f32(0.25, 1.0, 0.0, -2.0, 0.0, -0.7, 0.1, 0.0),
+            repetition=f32(1.3, 2.0, 0.7, 1.0, 1.0, 1.0, 9.5, 1.0),
+            suppress_stop=torch.tensor([1, 1, 0, 1, 0, 0, 1, 0], dtype=torch.int64),
+        ),
         state=state,
     )
 
@@ -78,7 +80,7 @@ def _vllm_row(x, counts, prompt, stops, bias, presence, frequency, repetition, s
 
 def _vllm(inp: dict) -> torch.Tensor:
     rows, state = [], inp["state"]
-    for i, slot in enumerate(inp["slot"].tolist()):
+    for i, slot in enumerate(inp["per_row"].slot.tolist()):
         if slot < 0:
             rows.append(inp["logits"][i].tolist())
             continue
@@ -90,7 +92,7 @@ def _vllm(inp: dict) -> torch.Tensor:
                 state.prompt_mask[slot].tolist(),
                 {s for s in state.stop_ids[slot].tolist() if s >= 0},
                 dict(zip(state.bias_ids[slot, :n].tolist(), state.bias_values[slot, :n].tolist())),
-                *(inp[k][i].item() for k in ("presence", "frequency", "repetition", "suppress_stop")),
+                *(t[i].item() for t in inp["per_row"][1:]),  # presence, frequency, repetition, suppress_stop
             )
         )
     return torch.tensor(rows, dtype=torch.float32)
@@ -114,7 +116,7 @@ def test_kernel_matches_the_reference(vocab):
     assert out is poisoned
     ref = apply_penalties_reference(**inp)
     _exact(out, ref)
-    held = inp["slot"] >= 0
+    held = inp["per_row"].slot >= 0
     assert torch.equal(out[~held].view(torch.int32), inp["logits"][~held].view(torch.int32))  # bit for bit
     assert not torch.equal(out[held], inp["logits"][held])
 
@@ -126,7 +128,7 @@ def test_kernel_matches_the_reference_on_gpu(vocab):
     """Compiled for the GPU, whose barrier between a chunk's store and its biased tokens' rewrite is the hardware's:
     every row exact against the reference, and the flagged rows written over their logits as well."""
     inp = _inputs(vocab, seed=vocab + 2)
-    inp = {k: SlotState(*(t.cuda() for t in v)) if k == "state" else v.cuda() for k, v in inp.items()}
+    inp = {k: type(v)(*(t.cuda() for t in v)) if isinstance(v, tuple) else v.cuda() for k, v in inp.items()}
     raw, write_rows = inp["logits"].clone(), torch.tensor([1, 0, 1, 1, 0, 0, 1, 0], dtype=torch.int32, device="cuda")
     out = apply_penalties(**inp, out=torch.full_like(raw, float("nan")), write_rows=write_rows)
     ref = apply_penalties_reference(**{**inp, "logits": raw})

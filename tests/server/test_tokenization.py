@@ -6,9 +6,10 @@ from pydantic import ValidationError
 from qwen3_runtime.params import RequestLimits
 from qwen3_runtime.server.errors import APIError
 from qwen3_runtime.server.inputs import chat_inputs
-from qwen3_runtime.server.protocol import ChatCompletionRequest, DetokenizeRequest, TokenizeRequest
+from qwen3_runtime.server.protocol import ChatCompletionRequest
 from qwen3_runtime.server.state import ServerState
 from qwen3_runtime.server.tokenization import detokenize, tokenize
+from qwen3_runtime.server.tokenize_protocol import DetokenizeRequest, TokenizeRequest
 from qwen3_runtime.tokenizer import Tokenizer
 
 LIMITS = RequestLimits(vocab_size=151936, max_model_len=64, max_logprobs=5)
@@ -24,7 +25,7 @@ def test_text_and_chat_give_the_ids_a_request_would(state):
     text = tokenize(TokenizeRequest(prompt="Hello world"), state)
     assert text == {"count": 2, "max_model_len": 64, "tokens": tok.encode("Hello world"), "token_strs": None}
     chat = {"messages": [{"role": "user", "content": "Hi"}], "chat_template_kwargs": {"enable_thinking": False}}
-    (request,) = chat_inputs(ChatCompletionRequest(**chat), tok, LIMITS, {})
+    (request,) = chat_inputs(ChatCompletionRequest(**chat), state.inputs)
     assert tokenize(TokenizeRequest(**chat), state)["tokens"] == request.prompt
     bare = tokenize(TokenizeRequest(**chat, add_generation_prompt=False), state)["tokens"]
     assert request.prompt[: len(bare)] == bare and len(bare) < len(request.prompt)
