@@ -21,7 +21,6 @@ from graphs import StepGraphs, default_buckets, token_buckets
 from qwen3_runtime.config import Config
 from qwen3_runtime.logprobs import TokenLogprob
 from qwen3_runtime.logprobs.host_path import LogprobsRouting, full_row_logprob
-from qwen3_runtime.logprobs.prompt import NOT_FINITE, PromptLogprobs, ScoredSpan
 from qwen3_runtime.logprobs.reduce import LogprobBuffers, reduce_logprobs
 from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops import cdiv, num_sms
@@ -34,6 +33,7 @@ from qwen3_runtime.penalty_slots import PenaltySlots
 from qwen3_runtime.prefill_inputs import PrefillStager
 from qwen3_runtime.request import Request
 from qwen3_runtime.sampler import filter_cutoffs, sample_raw, sample_selected
+from qwen3_runtime.sampling_tail.prompt_logprobs import NOT_FINITE, PromptLogprobs, ScoredSpan
 from qwen3_runtime.scheduler import PrefillChunk
 from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.step_inputs import InputStager, RequestRow
