@@ -21,23 +21,18 @@ import torch
 from graphs import StepGraphs, default_buckets, token_buckets
 from qwen3_runtime.config import Config
 from qwen3_runtime.logprobs import TokenLogprob
-from qwen3_runtime.logprobs.host_path import LogprobsRouting, full_row_logprob
-from qwen3_runtime.logprobs.reduce import LogprobBuffers, reduce_logprobs
+from qwen3_runtime.logprobs.host_path import full_row_logprob
 from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops import cdiv, num_sms
 from qwen3_runtime.ops.decode_attention import LONG_ROW_TOKENS, default_num_splits, long_row_splits
-from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.packed_rows import packed_width
-from qwen3_runtime.packing import pack
-from qwen3_runtime.penalty_slots import PenaltySlots
 from qwen3_runtime.prefill_inputs import PrefillStager
 from qwen3_runtime.request import Request
-from qwen3_runtime.sampler import filter_cutoffs, sample_raw, sample_selected
+from qwen3_runtime.sampling_tail import SamplingTail, TailVariant
 from qwen3_runtime.sampling_tail.prompt_logprobs import NOT_FINITE, PromptLogprobs, ScoredSpan
-from qwen3_runtime.sampling_tail.variant import TOP_K_CAP, Sampler, TailVariant, writes_processed
 from qwen3_runtime.scheduler import PrefillChunk
 from qwen3_runtime.stats import RunnerStats
-from qwen3_runtime.step_inputs import InputStager, RequestRow
+from qwen3_runtime.step_inputs import InputStager
 from qwen3_runtime.step_output import StepOutputs
 
 
@@ -78,28 +73,26 @@ class ModelRunner:
         self.cuda_graphs = engine.cuda_graphs and self.device.type == "cuda"
         self.async_scheduling, self.block_size = engine.async_scheduling, engine.block_size
         self.batch_invariant = engine.batch_invariant
-        self.max_model_len, self.logprobs_mode = engine.max_model_len, config.logprobs.mode
-        self.routing = LogprobsRouting.from_config(config.logprobs)
-        vocab, max_rows, k_max = model.config.vocab_size, engine.max_num_seqs, self.routing.k_max
+        self.max_model_len = engine.max_model_len
+        vocab, max_rows = model.config.vocab_size, engine.max_num_seqs
         self.group_size = model.config.num_attention_heads // model.config.num_key_value_heads
         self.stats = RunnerStats()
+        self.tail = SamplingTail(max_rows, vocab, model.config.eos_token_ids, config.logprobs, self.device)
         max_blocks = cdiv(engine.max_model_len, engine.block_size)
-        self.stager = InputStager(max_rows, max_blocks, engine.block_size, self.device, self._request_row)
+        self.stager = InputStager(max_rows, max_blocks, engine.block_size, self.device, self.tail.request_row)
         max_tokens = engine.max_step_tokens  # prompt chunks and the decoding rows riding along
         self.prefill_stager = PrefillStager(
             max_tokens, max_rows, max_blocks, engine.block_size, self.group_size, self.device
         )
-        self.logprobs = LogprobBuffers.allocate(max_rows, k_max, vocab, self.device)
-        self.outputs = StepOutputs(max_rows, packed_width(k_max), self.device, self.stats)
+        self.outputs = StepOutputs(max_rows, packed_width(self.tail.routing.k_max), self.device, self.stats)
         self.prompt_logprobs = PromptLogprobs(
-            config.logprobs.prompt_chunk_size, max_tokens, self.routing, vocab, self.device,
+            config.logprobs.prompt_chunk_size, max_tokens, self.tail.routing, vocab, self.device,
             self.stats,
         )  # fmt: skip
         # Decode attention's split counts: zero between calls, so allocated once, before any capture.
         self.split_arrivals = torch.zeros(
             max_rows, model.config.num_key_value_heads, dtype=torch.int32, device=self.device
         )
-        self.penalties = PenaltySlots.allocate(max_rows, vocab, model.config.eos_token_ids, self.device)
         # The decode step's logits: static, so every graph's output is this one buffer rather than logits of its
         # own held in the shared pool (they would add up over the buckets and variants).
         self.logits = torch.empty(max_rows, vocab, dtype=torch.float32, device=self.device)
@@ -133,7 +126,7 @@ class ModelRunner:
         """Whether a launched step may stay in flight while the next one runs (async scheduling): not when a
         row takes the host logprobs path, which reads the step's logits after the wait, nor with prompt
         logprobs, unpacked from one prefill-wide buffer after the wait (the next step reuses either)."""
-        on_host = any(self.routing.on_host(req.params.logprobs) for req in step.reqs)
+        on_host = any(self.tail.routing.on_host(req.params.logprobs) for req in step.reqs)
         return self.async_scheduling and not on_host and not step.prompt_logprob_spans
 
     @torch.inference_mode()
@@ -143,7 +136,7 @@ class ModelRunner:
         padded_rows = self.graphs.padded_size(len(reqs))
         self.stager.stage(reqs, padded_rows, _previous_rows(reqs, previous))
         long_rows = padded_rows in self.long_row_splits and max(req.num_tokens for req in reqs) >= LONG_ROW_TOKENS
-        lp_logits = self.graphs.run(len(reqs), GraphVariant(TailVariant.of(reqs, self.logprobs_mode), long_rows))
+        lp_logits = self.graphs.run(len(reqs), GraphVariant(self.tail.variant(reqs), long_rows))
         self.stats.decode_steps += 1
         return self._copy_out(reqs, lp_logits)
 
@@ -165,17 +158,17 @@ class ModelRunner:
         )
         lp_logits = None
         if reqs:
-            self.penalties.acquire(reqs)  # before staging: the slot is a request constant
+            self.tail.acquire(reqs)  # before staging: the slot is a request constant
             self.stager.stage(reqs, len(reqs))
             if logits is None:
                 logits = self._prefill_logits(hidden[self._tensor(sample_rows)])
-            lp_logits = self._sample_and_reduce(logits, len(reqs), TailVariant.of(reqs, self.logprobs_mode))
+            lp_logits = self._sample(logits, len(reqs), self.tail.variant(reqs))
         self.stats.prefill_steps += 1
         return self._copy_out(reqs, lp_logits, prompt_spans)
 
     def release(self, req: Request) -> None:
         """req has ended: its penalty slot, if it holds one, is free."""
-        self.penalties.release(req.request_id)
+        self.tail.release(req)
 
     def collect(self, step: StepInFlight) -> list[RowResult]:
         """Wait for a launched step's copy and turn its rows into results."""
@@ -186,7 +179,7 @@ class ModelRunner:
             k = req.params.logprobs
             if k is None or results[i].error:
                 continue
-            if self.routing.on_host(k):
+            if self.tail.routing.on_host(k):
                 results[i].logprob = full_row_logprob(step.lp_logits[i], results[i].token_id, k, self.stats)
             else:
                 on_device.append(i)
@@ -227,40 +220,15 @@ class ModelRunner:
         fed_from = self._fed_from(inp.prev_row[rows])
         hidden = self.model(inp.input_ids[rows], inp.positions[rows], self.kv_cache, meta, fed_from)
         logits = self.model.compute_logits(hidden, out=self.logits[:padded_rows])
-        return self._sample_and_reduce(logits, padded_rows, key.tail)
+        return self._sample(logits, padded_rows, key.tail)
 
     def _fed_from(self, prev_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """With async scheduling, rows fed by the step in flight read its sampled token (column 0 of `latest`)."""
         return (prev_rows, self.outputs.latest[:, 0]) if self.async_scheduling else None
 
-    def _sample_and_reduce(self, logits: torch.Tensor, rows: int, variant: TailVariant) -> torch.Tensor:
-        """Penalize, sample, reduce the rows that asked for logprobs, pack it all into `latest`'s first `rows`,
-        count the penalized rows' tokens. Returns `logits`, holding what the logprobs are taken from (raw, or
-        processed per row: what was sampled from, penalties included)."""
-        inp = self.stager.inputs
-        # Raw logprobs are of the logits before penalties, processed ones of what was sampled: the rows asking
-        # processed logprobs get the penalized values (the penalties' pass), then their processed values (the
-        # sampling pass), written over the raw logits, which nothing else reads after this.
-        penalized_logits = self.penalties.apply(logits, inp, rows) if variant.penalized else logits
-        if variant.sampler == Sampler.GREEDY:
-            peak, tokens = greedy_max(penalized_logits)  # ties: the lower token id
-        elif variant.sampler == Sampler.SELECT:
-            peak, tokens = sample_selected(
-                penalized_logits, inp.sampling(rows), inp.processed[:rows], logits, TOP_K_CAP
-            )
-        else:
-            params = inp.sampling(rows)
-            peak = penalized_logits.amax(dim=-1)
-            cutoff = filter_cutoffs(penalized_logits, params, peak) if variant.sampler == Sampler.SORT else None
-            tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows], cutoff, write_to=logits)
-        out = self.logprobs.head(rows)
-        reduce_logprobs(
-            logits, tokens, inp.num_top[:rows], self.routing.k_max, row_mask=inp.wants_logprobs[:rows], out=out
-        )
-        pack(tokens, out, self.outputs.latest[:rows], peak)
-        if variant.penalized:
-            self.penalties.count(tokens, inp.penalty_slot[:rows])
-        return logits
+    def _sample(self, logits: torch.Tensor, rows: int, variant: TailVariant) -> torch.Tensor:
+        """The tail over the staged rows, packing into `latest`: what the logprobs are taken from."""
+        return self.tail.run(logits, self.stager.inputs, rows, variant, self.outputs.latest[:rows])
 
     def _copy_out(
         self, reqs: list[Request], lp_logits: torch.Tensor | None, prompt_spans: list[ScoredSpan] | None = None
@@ -268,14 +236,6 @@ class ModelRunner:
         buffer = self.outputs.copy_out(len(reqs))
         slots = [req.reserve_output_slot() for req in reqs]
         return StepInFlight(reqs, slots, buffer, lp_logits, prompt_spans or [])
-
-    def _request_row(self, req: Request) -> RequestRow:
-        p = req.params
-        device_k = None if p.logprobs is None or self.routing.on_host(p.logprobs) else p.logprobs
-        processed = writes_processed(p, self.logprobs_mode)
-        ints = (p.top_k, req.seed, device_k or 0, device_k is not None, processed, self.penalties.slot(req))
-        floats = (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
-        return RequestRow(ints, floats)
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(self.device, non_blocking=True)

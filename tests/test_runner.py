@@ -141,14 +141,14 @@ def _always_sort(monkeypatch):
 
 
 def test_a_batch_without_top_k_or_top_p_skips_the_sort(make_runtime, tiny_checkpoint, monkeypatch):
-    from qwen3_runtime import runner
+    from qwen3_runtime.sampling_tail import tail
 
     greedy = SamplingParams(max_tokens=6, temperature=0, top_k=5, ignore_eos=True)  # a greedy row's filters: unused
     plain = SamplingParams(
         max_tokens=6, temperature=0.9, seed=1, ignore_eos=True, logprobs=3, logprobs_mode="processed"
     )
-    calls, cutoffs = [], runner.filter_cutoffs
-    monkeypatch.setattr(runner, "filter_cutoffs", lambda *a: calls.append(a) or cutoffs(*a))
+    calls, cutoffs = [], tail.filter_cutoffs
+    monkeypatch.setattr(tail, "filter_cutoffs", lambda *a: calls.append(a) or cutoffs(*a))
     prompts = [[5, 6, 7], [8, 9]]
     skipped = make_runtime(tiny_checkpoint).generate(prompts, [greedy, plain])
     assert calls == []
