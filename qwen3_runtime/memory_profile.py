@@ -38,9 +38,9 @@ def worst_step_bytes(runner: ModelRunner, config: Config, dtype: torch.dtype) ->
         runner.kv_cache,
         allocate_kv_cache(arch, num_blocks, engine.block_size, dtype, runner.device),
     )
-    k = runner.routing.k_max
+    k = runner.tail.routing.k_max
     # The host path scores prompt rows on the CPU, far too slowly for a profile: its chunk of logits is counted.
-    on_host = runner.routing.on_host(k)
+    on_host = runner.tail.routing.on_host(k)
     params = SamplingParams(
         max_tokens=1, temperature=0.7, top_p=0.8, logprobs=k, logprobs_mode="processed",
         prompt_logprobs=None if on_host else k, repetition_penalty=1.1,

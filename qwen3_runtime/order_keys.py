@@ -1,4 +1,4 @@
-"""Order keys in PyTorch (logprobs/kernels.order_key on the device): a unique int64 key per token whose descending
+"""Order keys in PyTorch (ops/logprob_reduce.order_key on the device): a unique int64 key per token whose descending
 order is the stable descending sort's of the values (value, then the lower id), so that the k largest keys are an
 exact top-k whatever the ties (`top_ids`), and a count of the keys above a token's is its rank, without a sort."""
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import torch
@@ -20,31 +21,27 @@ import torch
 from graphs import StepGraphs, default_buckets, token_buckets
 from qwen3_runtime.config import Config
 from qwen3_runtime.logprobs import TokenLogprob
-from qwen3_runtime.logprobs.host_path import LogprobsRouting, full_row_logprob
-from qwen3_runtime.logprobs.prompt import NOT_FINITE, PromptLogprobs, ScoredSpan
-from qwen3_runtime.logprobs.reduce import LogprobBuffers, reduce_logprobs
+from qwen3_runtime.logprobs.host_path import full_row_logprob
 from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
 from qwen3_runtime.ops import cdiv, num_sms
 from qwen3_runtime.ops.decode_attention import LONG_ROW_TOKENS, default_num_splits, long_row_splits
-from qwen3_runtime.ops.greedy import greedy_max
 from qwen3_runtime.packed_rows import packed_width
-from qwen3_runtime.packing import pack
-from qwen3_runtime.params import SamplingParams
-from qwen3_runtime.penalty_slots import PenaltySlots
 from qwen3_runtime.prefill_inputs import PrefillStager
 from qwen3_runtime.request import Request
-from qwen3_runtime.sampler import filter_cutoffs, sample_raw, sample_selected
+from qwen3_runtime.sampling_tail import SamplingTail, TailVariant
+from qwen3_runtime.sampling_tail.prompt_logprobs import NOT_FINITE, PromptLogprobs, ScoredSpan
 from qwen3_runtime.scheduler import PrefillChunk
 from qwen3_runtime.stats import RunnerStats
-from qwen3_runtime.step_inputs import InputStager, RequestRow
+from qwen3_runtime.step_inputs import InputStager
 from qwen3_runtime.step_output import StepOutputs
 
-# Graph variants: greedy batches draw no noise; random rows asking for top-k (at most TOP_K_CAP) or top-p select
-# what they keep without a sort; only a batch with a larger top-k, or a row asking top-p alone whose processed
-# logprobs need the cutoff itself, sorts.
-# Each comes penalized or not: only batches with a penalized row take the penalties' pass over the logits.
-GREEDY, RANDOM, SELECT, SORT = "greedy", "random", "select", "sort"
-TOP_K_CAP = 64
+
+class GraphVariant(NamedTuple):
+    """A decode graph's key within its bucket (StepGraphs' variant): the step is captured once per sampling tail
+    and attention split. Hashed as a tuple, since every step looks one up."""
+
+    tail: TailVariant
+    long_rows: bool  # decode attention split for a long row (the bucket's long_row_splits)
 
 
 @dataclass
@@ -76,28 +73,26 @@ class ModelRunner:
         self.cuda_graphs = engine.cuda_graphs and self.device.type == "cuda"
         self.async_scheduling, self.block_size = engine.async_scheduling, engine.block_size
         self.batch_invariant = engine.batch_invariant
-        self.max_model_len, self.logprobs_mode = engine.max_model_len, config.logprobs.mode
-        self.routing = LogprobsRouting.from_config(config.logprobs)
-        vocab, max_rows, k_max = model.config.vocab_size, engine.max_num_seqs, self.routing.k_max
+        self.max_model_len = engine.max_model_len
+        vocab, max_rows = model.config.vocab_size, engine.max_num_seqs
         self.group_size = model.config.num_attention_heads // model.config.num_key_value_heads
         self.stats = RunnerStats()
+        self.tail = SamplingTail(max_rows, vocab, model.config.eos_token_ids, config.logprobs, self.device)
         max_blocks = cdiv(engine.max_model_len, engine.block_size)
-        self.stager = InputStager(max_rows, max_blocks, engine.block_size, self.device, self._request_row)
+        self.stager = InputStager(max_rows, max_blocks, engine.block_size, self.device, self.tail.request_row)
         max_tokens = engine.max_step_tokens  # prompt chunks and the decoding rows riding along
         self.prefill_stager = PrefillStager(
             max_tokens, max_rows, max_blocks, engine.block_size, self.group_size, self.device
         )
-        self.logprobs = LogprobBuffers.allocate(max_rows, k_max, vocab, self.device)
-        self.outputs = StepOutputs(max_rows, packed_width(k_max), self.device, self.stats)
+        self.outputs = StepOutputs(max_rows, packed_width(self.tail.routing.k_max), self.device, self.stats)
         self.prompt_logprobs = PromptLogprobs(
-            config.logprobs.prompt_chunk_size, max_tokens, self.routing, vocab, self.device,
+            config.logprobs.prompt_chunk_size, max_tokens, self.tail.routing, vocab, self.device,
             self.stats,
         )  # fmt: skip
         # Decode attention's split counts: zero between calls, so allocated once, before any capture.
         self.split_arrivals = torch.zeros(
             max_rows, model.config.num_key_value_heads, dtype=torch.int32, device=self.device
         )
-        self.penalties = PenaltySlots.allocate(max_rows, vocab, model.config.eos_token_ids, self.device)
         # The decode step's logits: static, so every graph's output is this one buffer rather than logits of its
         # own held in the shared pool (they would add up over the buckets and variants).
         self.logits = torch.empty(max_rows, vocab, dtype=torch.float32, device=self.device)
@@ -131,7 +126,7 @@ class ModelRunner:
         """Whether a launched step may stay in flight while the next one runs (async scheduling): not when a
         row takes the host logprobs path, which reads the step's logits after the wait, nor with prompt
         logprobs, unpacked from one prefill-wide buffer after the wait (the next step reuses either)."""
-        on_host = any(self.routing.on_host(req.params.logprobs) for req in step.reqs)
+        on_host = any(self.tail.routing.on_host(req.params.logprobs) for req in step.reqs)
         return self.async_scheduling and not on_host and not step.prompt_logprob_spans
 
     @torch.inference_mode()
@@ -141,7 +136,7 @@ class ModelRunner:
         padded_rows = self.graphs.padded_size(len(reqs))
         self.stager.stage(reqs, padded_rows, _previous_rows(reqs, previous))
         long_rows = padded_rows in self.long_row_splits and max(req.num_tokens for req in reqs) >= LONG_ROW_TOKENS
-        lp_logits = self.graphs.run(len(reqs), (_variant(reqs, self.logprobs_mode), _penalized(reqs), long_rows))
+        lp_logits = self.graphs.run(len(reqs), GraphVariant(self.tail.variant(reqs), long_rows))
         self.stats.decode_steps += 1
         return self._copy_out(reqs, lp_logits)
 
@@ -163,17 +158,17 @@ class ModelRunner:
         )
         lp_logits = None
         if reqs:
-            self.penalties.acquire(reqs)  # before staging: the slot is a request constant
+            self.tail.acquire(reqs)  # before staging: the slot is a request constant
             self.stager.stage(reqs, len(reqs))
             if logits is None:
                 logits = self._prefill_logits(hidden[self._tensor(sample_rows)])
-            lp_logits = self._sample_and_reduce(logits, len(reqs), _variant(reqs, self.logprobs_mode), _penalized(reqs))
+            lp_logits = self._sample(logits, len(reqs), self.tail.variant(reqs))
         self.stats.prefill_steps += 1
         return self._copy_out(reqs, lp_logits, prompt_spans)
 
     def release(self, req: Request) -> None:
         """req has ended: its penalty slot, if it holds one, is free."""
-        self.penalties.release(req.request_id)
+        self.tail.release(req)
 
     def collect(self, step: StepInFlight) -> list[RowResult]:
         """Wait for a launched step's copy and turn its rows into results."""
@@ -184,7 +179,7 @@ class ModelRunner:
             k = req.params.logprobs
             if k is None or results[i].error:
                 continue
-            if self.routing.on_host(k):
+            if self.tail.routing.on_host(k):
                 results[i].logprob = full_row_logprob(step.lp_logits[i], results[i].token_id, k, self.stats)
             else:
                 on_device.append(i)
@@ -203,15 +198,14 @@ class ModelRunner:
     def _prefill_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.model.compute_logits(hidden, invariant=self.batch_invariant)
 
-    def _decode_variants(self, padded_rows: int) -> list[tuple[str, bool, bool]]:
-        """The decode step's graph keys for a bucket: (sampling variant, penalized, long rows)."""
+    def _decode_variants(self, padded_rows: int) -> list[GraphVariant]:
+        """The decode step's graph keys for a bucket, in capture order."""
         lengths = (False, True) if padded_rows in self.long_row_splits else (False,)
-        return [(v, p, long) for v in (GREEDY, RANDOM, SELECT, SORT) for p in (False, True) for long in lengths]
+        return [GraphVariant(tail, long_rows) for tail in TailVariant.every() for long_rows in lengths]
 
-    def _decode_step(self, padded_rows: int, key: tuple[str, bool, bool]) -> torch.Tensor:
+    def _decode_step(self, padded_rows: int, key: GraphVariant) -> torch.Tensor:
         """The captured step, one per _decode_variants key: reads only static inputs (and the penalties' state),
         writes its results into `self.outputs.latest`."""
-        variant, penalized, long_rows = key
         inp, rows = self.stager.inputs, slice(padded_rows)
         kv_heads = self.model.config.num_key_value_heads
         meta = AttentionMetadata(
@@ -219,47 +213,22 @@ class ModelRunner:
             block_tables=inp.block_tables[rows],
             seq_lens=inp.seq_lens[rows],
             num_splits=self.long_row_splits[padded_rows]
-            if long_rows
+            if key.long_rows
             else default_num_splits(padded_rows, kv_heads, self.max_model_len, num_sms(self.device)),
             split_arrivals=self.split_arrivals[rows],
         )
         fed_from = self._fed_from(inp.prev_row[rows])
         hidden = self.model(inp.input_ids[rows], inp.positions[rows], self.kv_cache, meta, fed_from)
         logits = self.model.compute_logits(hidden, out=self.logits[:padded_rows])
-        return self._sample_and_reduce(logits, padded_rows, variant, penalized)
+        return self._sample(logits, padded_rows, key.tail)
 
     def _fed_from(self, prev_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """With async scheduling, rows fed by the step in flight read its sampled token (column 0 of `latest`)."""
         return (prev_rows, self.outputs.latest[:, 0]) if self.async_scheduling else None
 
-    def _sample_and_reduce(self, logits: torch.Tensor, rows: int, variant: str, penalized: bool) -> torch.Tensor:
-        """Penalize, sample, reduce the rows that asked for logprobs, pack it all into `latest`'s first `rows`,
-        count the penalized rows' tokens. Returns `logits`, holding what the logprobs are taken from (raw, or
-        processed per row: what was sampled from, penalties included)."""
-        inp = self.stager.inputs
-        # Raw logprobs are of the logits before penalties, processed ones of what was sampled: the rows asking
-        # processed logprobs get the penalized values (the penalties' pass), then their processed values (the
-        # sampling pass), written over the raw logits, which nothing else reads after this.
-        penalized_logits = self.penalties.apply(logits, inp, rows) if penalized else logits
-        if variant == GREEDY:
-            peak, tokens = greedy_max(penalized_logits)  # ties: the lower token id
-        elif variant == SELECT:
-            peak, tokens = sample_selected(
-                penalized_logits, inp.sampling(rows), inp.processed[:rows], logits, TOP_K_CAP
-            )
-        else:
-            params = inp.sampling(rows)
-            peak = penalized_logits.amax(dim=-1)
-            cutoff = filter_cutoffs(penalized_logits, params, peak) if variant == SORT else None
-            tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows], cutoff, write_to=logits)
-        out = self.logprobs.head(rows)
-        reduce_logprobs(
-            logits, tokens, inp.num_top[:rows], self.routing.k_max, row_mask=inp.wants_logprobs[:rows], out=out
-        )
-        pack(tokens, out, self.outputs.latest[:rows], peak)
-        if penalized:
-            self.penalties.count(tokens, inp.penalty_slot[:rows])
-        return logits
+    def _sample(self, logits: torch.Tensor, rows: int, variant: TailVariant) -> torch.Tensor:
+        """The tail over the staged rows, packing into `latest`: what the logprobs are taken from."""
+        return self.tail.run(logits, self.stager.inputs, rows, variant, self.outputs.latest[:rows])
 
     def _copy_out(
         self, reqs: list[Request], lp_logits: torch.Tensor | None, prompt_spans: list[ScoredSpan] | None = None
@@ -267,14 +236,6 @@ class ModelRunner:
         buffer = self.outputs.copy_out(len(reqs))
         slots = [req.reserve_output_slot() for req in reqs]
         return StepInFlight(reqs, slots, buffer, lp_logits, prompt_spans or [])
-
-    def _request_row(self, req: Request) -> RequestRow:
-        p = req.params
-        device_k = None if p.logprobs is None or self.routing.on_host(p.logprobs) else p.logprobs
-        processed = _writes_processed(p, self.logprobs_mode)
-        ints = (p.top_k, req.seed, device_k or 0, device_k is not None, processed, self.penalties.slot(req))
-        floats = (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
-        return RequestRow(ints, floats)
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(self.device, non_blocking=True)
@@ -284,21 +245,3 @@ def _previous_rows(reqs: list[Request], previous: StepInFlight | None) -> list[i
     """Each request's row in the step in flight (whose sampled token is its input), or -1."""
     rows = {req.request_id: row for row, req in enumerate(previous.reqs)} if previous else {}
     return [rows.get(req.request_id, -1) for req in reqs]
-
-
-def _penalized(reqs: list[Request]) -> bool:
-    return any(req.params.penalized for req in reqs)
-
-
-def _writes_processed(params: SamplingParams, logprobs_mode: str) -> bool:
-    """Whether the step writes the row's processed logits over its raw ones, for logprobs of what was sampled."""
-    return params.logprobs is not None and (params.logprobs_mode or logprobs_mode) == "processed"
-
-
-def _variant(reqs: list[Request], logprobs_mode: str) -> str:
-    random = [req.params for req in reqs if not req.params.greedy]
-    filtered = [p for p in random if p.top_k > 0 or p.top_p < 1]
-    # A row writing its processed logits needs its top-p cutoff, which only the sort gives without a top-k.
-    if any(p.top_k > TOP_K_CAP or (p.top_k <= 0 and _writes_processed(p, logprobs_mode)) for p in filtered):
-        return SORT
-    return SELECT if filtered else RANDOM if random else GREEDY

@@ -26,8 +26,8 @@ from qwen3_runtime.ops.linear import Tiles, linear, linear_partials
 from qwen3_runtime.ops.norms import silu_mul
 from qwen3_runtime.ops.penalties import PenaltyRows, SlotState, apply_penalties
 from qwen3_runtime.params import MAX_LOGIT_BIAS
-from qwen3_runtime.runner import TOP_K_CAP
 from qwen3_runtime.sampler import SamplingTensors, filter_cutoffs, sample_raw, sample_selected
+from qwen3_runtime.sampling_tail.variant import TOP_K_CAP
 from scripts.report import environment
 from scripts.timing import graph_us_per_call, read_bandwidth, stream_bandwidths
 

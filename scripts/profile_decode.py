@@ -17,8 +17,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from qwen3_runtime import Runtime
-from qwen3_runtime.runner import GREEDY
-from scripts.profiling import finish_batch, profiled_runtime, start_batch, trace_events
+from scripts.profiling import GREEDY_GRAPH, finish_batch, profiled_runtime, start_batch, trace_events
 from scripts.report import environment
 
 
@@ -53,7 +52,7 @@ def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int, logpro
     times = []
     for _ in range(replays):
         begin.record()
-        graphs.run(batch, (GREEDY, False, False))
+        graphs.run(batch, GREEDY_GRAPH)
         end.record()
         end.synchronize()
         times.append(begin.elapsed_time(end))
@@ -62,7 +61,7 @@ def profile_batch(rt: Runtime, batch: int, prompt_len: int, replays: int, logpro
     profiled = 5
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(profiled):
-            graphs.run(batch, (GREEDY, False, False))
+            graphs.run(batch, GREEDY_GRAPH)
         torch.cuda.synchronize()
     events = [e for e in trace_events(prof) if e.get("cat") == "kernel"]
     per_family = collections.defaultdict(lambda: [0, 0.0])

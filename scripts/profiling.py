@@ -9,9 +9,13 @@ import numpy as np
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from qwen3_runtime import Runtime, SamplingParams
+from qwen3_runtime.runner import GraphVariant
+from qwen3_runtime.sampling_tail import Sampler, TailVariant
 
 # The runtime waits on its stream; the profiler's own exit is a cudaDeviceSynchronize, not counted.
 _SYNCS = ("cudaStreamSynchronize", "cudaEventSynchronize")
+# The decode graph start_batch's batches run (greedy, no penalties, no long row): what the profiles replay.
+GREEDY_GRAPH = GraphVariant(TailVariant(Sampler.GREEDY, penalized=False), long_rows=False)
 
 
 def trace_events(prof: profile) -> list[dict]:

@@ -19,8 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from qwen3_runtime import Runtime
-from qwen3_runtime.runner import GREEDY
-from scripts.profiling import finish_batch, profiled_runtime, start_batch, trace_events
+from scripts.profiling import GREEDY_GRAPH, finish_batch, profiled_runtime, start_batch, trace_events
 from scripts.report import environment
 
 # Kernels known by name; the rest are projections, named by the kernel they follow (cuBLAS may add one of its own
@@ -94,11 +93,11 @@ def timeline(rt: Runtime, batch: int, prompt_len: int, decode_steps: int) -> dic
     start_batch(rt, batch, prompt_len, decode_steps)  # decode_steps: the context the profile sees
     graphs = rt.runner.graphs
     for _ in range(3):
-        graphs.run(batch, (GREEDY, False, False))
+        graphs.run(batch, GREEDY_GRAPH)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         for _ in range(6):
-            graphs.run(batch, (GREEDY, False, False))
+            graphs.run(batch, GREEDY_GRAPH)
         torch.cuda.synchronize()
     finish_batch(rt)
     return {"batch": batch, "context": prompt_len + decode_steps, **critical_path(trace_events(prof))}

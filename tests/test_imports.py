@@ -1,13 +1,17 @@
 """What importing a module loads: the CLI (for --help and --version) and the API server's process import neither
-torch nor Triton; the Runtime's process alone does."""
+torch nor Triton; the Runtime's process alone does. And the package's parts import one another in layers."""
 
+import ast
 import subprocess
 import sys
+from collections.abc import Iterator
+from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "qwen3_runtime"
 
 
 def loaded_after_import(module: str) -> set[str]:
@@ -45,3 +49,38 @@ def test_the_package_names_resolve_when_first_read():
     assert (Runtime, SamplingParams, RequestOutput) == (runtime_defined, defined, output_defined)
     with pytest.raises(AttributeError, match="no attribute 'Missing'"):
         qwen3_runtime.Missing  # noqa: B018
+
+
+def test_no_import_cycle_between_the_package_parts():
+    """Each top-level module or subpackage of qwen3_runtime is a part; an import from one part into another is an
+    edge, lazy ones included (they run too), those under TYPE_CHECKING not. The parts must form layers: a cycle
+    means one of them cannot be understood, tested or moved without the others."""
+    graph: dict[str, set[str]] = {}
+    for path in PACKAGE.rglob("*.py"):
+        part = path.relative_to(PACKAGE).parts[0].removesuffix(".py")
+        graph.setdefault(part, set()).update(set(imported_parts(ast.parse(path.read_text()))) - {part})
+    try:
+        TopologicalSorter(graph).prepare()
+    except CycleError as e:
+        cycle = " imports ".join(reversed(e.args[1]))  # graphlib lists each part before the parts importing it
+        pytest.fail(f"import cycle between parts of qwen3_runtime: {cycle}")
+
+
+def imported_parts(node: ast.AST) -> Iterator[str]:
+    """The parts of qwen3_runtime that the imports under `node` load ('__init__': a name of the package itself)."""
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.If) and ast.unparse(child.test).endswith("TYPE_CHECKING"):
+            continue  # for annotations alone: never runs
+        if isinstance(child, ast.Import):
+            yield from (part for alias in child.names if (part := _part(alias.name.split("."))))
+        elif isinstance(child, ast.ImportFrom) and child.module == "qwen3_runtime":
+            for alias in child.names:  # a module of the package, or a name its __init__ defines
+                is_part = (PACKAGE / alias.name).is_dir() or (PACKAGE / f"{alias.name}.py").is_file()
+                yield alias.name if is_part else "__init__"
+        elif isinstance(child, ast.ImportFrom) and child.module:
+            yield from filter(None, [_part(child.module.split("."))])
+        yield from imported_parts(child)
+
+
+def _part(dotted: list[str]) -> str | None:
+    return (dotted[1] if len(dotted) > 1 else "__init__") if dotted[0] == "qwen3_runtime" else None

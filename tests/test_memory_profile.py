@@ -24,7 +24,7 @@ def test_the_profile_steps_run_and_leave_the_runner_as_it_was(make_runtime, tiny
     assert worst_step_bytes(rt.runner, rt.config, rt.dtype) == 0  # measured on GPUs only
 
     assert rt.runner.kv_cache is cache and rt.runner.stats.prefill_steps == rt.runner.stats.decode_steps == 0
-    assert rt.runner.penalties.held == {} and len(rt.runner.penalties.free) == rt.config.engine.max_num_seqs
+    assert rt.runner.tail.penalties.held == {} and len(rt.runner.tail.penalties.free) == rt.config.engine.max_num_seqs
     assert rt.generate([[5, 6, 7]], SamplingParams(max_tokens=6, **WORST, seed=1))[0].token_ids == expected
 
 

@@ -197,7 +197,7 @@ def test_an_unpenalized_request_beside_a_penalized_one_is_unchanged(make_runtime
 
 def test_penalty_slots_are_held_while_running_and_freed_at_the_end(make_runtime, tiny_checkpoint):
     rt = make_runtime(tiny_checkpoint, engine__max_num_seqs=4)
-    slots = rt.runner.penalties
+    slots = rt.runner.tail.penalties
     params = SamplingParams(max_tokens=30, temperature=0, ignore_eos=True, presence_penalty=1.0)
     doomed = rt.add_request([1, 2, 3], params)
     rt.add_request([4, 5], SamplingParams(max_tokens=30, temperature=0, ignore_eos=True))  # holds none
@@ -222,7 +222,7 @@ def test_a_preempted_penalized_request_keeps_its_counts(make_runtime, tiny_check
     outs = rt.generate(prompts, params)
     assert rt.scheduler.num_preemptions > 0
     assert [o.token_ids for o in outs] == reference
-    assert rt.runner.penalties.held == {}
+    assert rt.runner.tail.penalties.held == {}
 
 
 def test_a_slot_takes_the_requests_stop_ids_biases_and_prompt_exactly():

@@ -2,8 +2,6 @@
 
 import math
 import weakref
-from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -11,6 +9,7 @@ import torch
 from qwen3_runtime import SamplingParams
 from qwen3_runtime.logprobs import token_logprob_from_row
 from qwen3_runtime.packed_rows import packed_width
+from qwen3_runtime.sampling_tail import Sampler, TailVariant
 from scripts.profiling import profile_steps
 
 # Joining one per step (_run_joining), the five decode together (padded to 8), then three (to 4), then one: few
@@ -133,32 +132,28 @@ def test_raw_and_processed_modes(make_runtime, tiny_checkpoint):
     assert [lp.logprob for lp in again.logprobs] == [lp.logprob for lp in processed.logprobs]
 
 
+def _always_sort(monkeypatch):
+    """Every batch takes the sorting sampler (the variant that serves any batch), penalized as it would be."""
+    of = TailVariant.of
+    monkeypatch.setattr(
+        TailVariant, "of", staticmethod(lambda reqs, mode: of(reqs, mode)._replace(sampler=Sampler.SORT))
+    )
+
+
 def test_a_batch_without_top_k_or_top_p_skips_the_sort(make_runtime, tiny_checkpoint, monkeypatch):
-    from qwen3_runtime import runner
+    from qwen3_runtime.sampling_tail import tail
 
     greedy = SamplingParams(max_tokens=6, temperature=0, top_k=5, ignore_eos=True)  # a greedy row's filters: unused
     plain = SamplingParams(
         max_tokens=6, temperature=0.9, seed=1, ignore_eos=True, logprobs=3, logprobs_mode="processed"
     )
-    top_p = SamplingParams(max_tokens=6, temperature=0.9, top_p=0.95, seed=2, ignore_eos=True)
-    batch = lambda *params: [SimpleNamespace(params=p) for p in params]
-    variant = lambda *params: runner._variant(batch(*params), "raw")
-    assert variant(greedy, greedy) == runner.GREEDY
-    assert variant(greedy, plain) == runner.RANDOM
-    assert variant(plain, top_p, greedy) == runner.SELECT
-    assert variant(replace(top_p, logprobs=1, logprobs_mode="processed")) == runner.SORT  # needs its cutoff
-    assert runner._variant(batch(replace(top_p, logprobs=1)), "processed") == runner.SORT
-    assert runner._variant(batch(top_p), "processed") == runner.SELECT  # no logprobs: nothing written
-    assert variant(replace(plain, top_k=3), plain) == runner.SELECT
-    assert variant(replace(top_p, top_k=runner.TOP_K_CAP, logprobs=1, logprobs_mode="processed")) == runner.SELECT
-    assert variant(replace(top_p, top_k=runner.TOP_K_CAP + 1)) == runner.SORT
-    calls, cutoffs = [], runner.filter_cutoffs
-    monkeypatch.setattr(runner, "filter_cutoffs", lambda *a: calls.append(a) or cutoffs(*a))
+    calls, cutoffs = [], tail.filter_cutoffs
+    monkeypatch.setattr(tail, "filter_cutoffs", lambda *a: calls.append(a) or cutoffs(*a))
     prompts = [[5, 6, 7], [8, 9]]
     skipped = make_runtime(tiny_checkpoint).generate(prompts, [greedy, plain])
     assert calls == []
     # The sort changes nothing on such a batch: the same tokens and processed logprobs as the sorting variant.
-    monkeypatch.setattr(runner, "_variant", lambda reqs, mode: runner.SORT)
+    _always_sort(monkeypatch)
     sorted_ = make_runtime(tiny_checkpoint).generate(prompts, [greedy, plain])
     assert calls  # the sort
     assert [o.token_ids for o in skipped] == [o.token_ids for o in sorted_]
@@ -186,7 +181,7 @@ def test_a_long_row_in_a_small_batch_takes_the_graphs_with_more_splits(make_runt
     keys, run = [], rt.runner.graphs.run
     monkeypatch.setattr(rt.runner.graphs, "run", lambda rows, key: keys.append(key) or run(rows, key))
     out = rt.generate([prompt], params)[0]
-    assert len(keys) == params.max_tokens - 1 and all(long_rows for _, _, long_rows in keys)
+    assert len(keys) == params.max_tokens - 1 and all(key.long_rows for key in keys)
     assert out.token_ids == expected.token_ids
     for a, b in zip(out.logprobs, expected.logprobs):
         _assert_close(a, b)
@@ -194,8 +189,6 @@ def test_a_long_row_in_a_small_batch_takes_the_graphs_with_more_splits(make_runt
 
 @pytest.mark.parametrize("top_p", [1.0, 0.9])
 def test_top_k_rows_select_instead_of_sorting_with_the_same_results(make_runtime, tiny_checkpoint, monkeypatch, top_p):
-    from qwen3_runtime import runner
-
     params = [
         SamplingParams(max_tokens=6, temperature=0.9, top_k=k, top_p=top_p, seed=s, ignore_eos=True, logprobs=3,
                        logprobs_mode="processed")
@@ -203,7 +196,7 @@ def test_top_k_rows_select_instead_of_sorting_with_the_same_results(make_runtime
     ] + [SamplingParams(max_tokens=6, temperature=0.8, seed=3, ignore_eos=True, logprobs=2)]  # fmt: skip
     prompts = [[5, 6, 7], [8, 9], [1, 2, 3, 4]]
     selected = make_runtime(tiny_checkpoint).generate(prompts, params)
-    monkeypatch.setattr(runner, "_variant", lambda reqs, mode: runner.SORT)
+    _always_sort(monkeypatch)
     sorted_ = make_runtime(tiny_checkpoint).generate(prompts, params)
     assert [o.token_ids for o in selected] == [o.token_ids for o in sorted_]
     assert [o.logprobs for o in selected] == [o.logprobs for o in sorted_]

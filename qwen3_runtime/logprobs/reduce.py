@@ -1,6 +1,6 @@
 """Device logprobs: logsumexp, selected-token logprob and rank, exact top-k, per row.
 
-`reduce_logprobs` runs the Triton kernels (`kernels.py`) on CUDA tensors or
+`reduce_logprobs` runs the Triton kernels (`ops/logprob_reduce.py`) on CUDA tensors or
 under TRITON_INTERPRET=1, and `reduce_logprobs_reference` (float64 torch, O(V)
 a row as the kernels are) otherwise. With a preallocated `out` the Triton path
 allocates nothing and never waits for the host, so it can be captured in a
@@ -183,7 +183,7 @@ def reduce_logprobs(
     if n_rows == 0:
         return out
     if use_triton(logits) and not reference:
-        from qwen3_runtime.logprobs.kernels import launch_reduce
+        from qwen3_runtime.ops.logprob_reduce import launch_reduce
 
         launch_reduce(logits, token_ids, num_top, row_mask, out)
     else:

@@ -26,9 +26,9 @@ import triton.language as tl
 from triton.language.extra import libdevice
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
-from qwen3_runtime.logprobs.kernels import order_key
 from qwen3_runtime.ops import TRITON_INTERPRET, greedy, pdl_launch
 from qwen3_runtime.ops.greedy import largest_first
+from qwen3_runtime.ops.logprob_reduce import order_key
 
 CHUNK = 2048  # smaller than greedy's: the hash is arithmetic per token, and one row wants many programs
 

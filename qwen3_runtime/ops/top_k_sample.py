@@ -5,7 +5,7 @@ top-p are needed for those k tokens alone, not for the whole vocabulary.
 Stage 1, one program per (chunk of the vocabulary, row): the maximum of every BLOCK raw logits (NaN where the
 block holds one). Stage 2, one program per row: the row's peak (its largest logit), then the exact top-k of its
 processed values (scaled by temperature, the shift of sampler._scaling applied) by the logprobs' selection
-(logprobs/kernels.py: block maxima, then counting; scaling is monotonic, so the scaled block maxima are the
+(ops/logprob_reduce.py: block maxima, then counting; scaling is monotonic, so the scaled block maxima are the
 raw ones scaled); then, over those k sorted candidates, min-p's floor, top-p's prefix (probabilities summed in
 float64, as ops/kept_prefix.py does over a sorted row), each kept token's noise (ops/gumbel_sample.py's hash)
 and the largest noisy value, ties to the lower id. Greedy rows take their top-1 of the raw logits (a row
@@ -24,10 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
-from qwen3_runtime.logprobs.kernels import order_key, top_k_sorted
 from qwen3_runtime.ops import TRITON_INTERPRET, cdiv
 from qwen3_runtime.ops.greedy import largest_first
 from qwen3_runtime.ops.gumbel_sample import gumbel_from_bits, row_key, scaling_terms, token_bits
+from qwen3_runtime.ops.logprob_reduce import order_key, top_k_sorted
 
 CHUNK, BLOCK, GROUP = 4096, 128, 32
 KEY_MIN = tl.constexpr(-(2**63))  # the cutoff that keeps every token (rows without top-k)

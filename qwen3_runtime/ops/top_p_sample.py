@@ -63,7 +63,7 @@ def _round(row_ptr, noisy_row_ptr, value_c, token, shift, temperature, floor, pe
         noisy = tl.load(noisy_row_ptr + ids, mask=ids < vocab, other=float("-inf"))
         value = processed_value(x, shift, temperature, floor)  # -inf past the vocabulary
         e = tl.exp(value.to(dtype) - peak_value.to(dtype))
-        # The stable descending order (logprobs/kernels.order_key's): -0.0 equals 0.0 here as there.
+        # The stable descending order (ops/logprob_reduce.order_key's): -0.0 equals 0.0 here as there.
         ahead = (value > value_c) | ((value == value_c) & (ids < token))
         total += e
         before += tl.where(ahead, e, 0.0)

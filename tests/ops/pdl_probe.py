@@ -19,9 +19,17 @@ from triton.experimental.gluon._runtime import GluonASTSource, GluonJITFunction
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 from qwen3_runtime import sampler
-from qwen3_runtime.logprobs import kernels as logprob_kernels
-from qwen3_runtime.logprobs import reduce as logprob_reduce
-from qwen3_runtime.ops import attention_inputs, decode_attention, greedy, gumbel_sample, linear, linear_preload, norms
+from qwen3_runtime.logprobs import reduce
+from qwen3_runtime.ops import (
+    attention_inputs,
+    decode_attention,
+    greedy,
+    gumbel_sample,
+    linear,
+    linear_preload,
+    logprob_reduce,
+    norms,
+)
 
 KERNELS = {
     linear: ["_skinny_gemm_kernel"],
@@ -31,7 +39,7 @@ KERNELS = {
     norms: ["_add_rms_norm_kernel", "_silu_mul_kernel"],
     attention_inputs: ["_attention_inputs_kernel"],
     decode_attention: ["_decode_attention_kernel"],
-    logprob_kernels: ["chunk_stats_kernel", "finish_rows_kernel"],
+    logprob_reduce: ["chunk_stats_kernel", "finish_rows_kernel"],
 }
 TYPES = {
     torch.bfloat16: "bf16",
@@ -56,7 +64,7 @@ class Recorder:
 
 
 def run_ops() -> None:
-    for module in (linear, greedy, norms, attention_inputs, decode_attention, logprob_reduce, sampler):
+    for module in (linear, greedy, norms, attention_inputs, decode_attention, reduce, sampler):
         module.use_triton = lambda t: True
     for module, names in KERNELS.items():
         for name in names:
@@ -97,7 +105,7 @@ def run_ops() -> None:
         dim**-0.5,
         num_splits=2,
     )
-    logprob_reduce.reduce_logprobs(
+    reduce.reduce_logprobs(
         torch.randn(2, 5000),
         torch.tensor([1, 2]),
         torch.tensor([3, 0], dtype=torch.int32),

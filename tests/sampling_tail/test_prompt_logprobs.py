@@ -6,9 +6,9 @@ import torch
 
 from qwen3_runtime.logprobs import token_logprob_from_row
 from qwen3_runtime.logprobs.host_path import LogprobsRouting
-from qwen3_runtime.logprobs.prompt import PromptLogprobs, ScoredSpan
 from qwen3_runtime.params import SamplingParams
 from qwen3_runtime.request import Request
+from qwen3_runtime.sampling_tail.prompt_logprobs import PromptLogprobs, ScoredSpan
 from qwen3_runtime.stats import RunnerStats
 
 VOCAB, HIDDEN = 40, 8
