@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from qwen3_runtime.config import ArchitectureConfig, RopeScaling
+from qwen3_runtime.config import ArchitectureConfig
+from qwen3_runtime.models.qwen3_config import RopeScaling
 from qwen3_runtime.ops.attention_inputs import attention_inputs
 from qwen3_runtime.ops.decode_attention import paged_decode_attention
 from qwen3_runtime.ops.embedding import embed

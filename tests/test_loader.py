@@ -5,8 +5,9 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig, RopeScaling
+from qwen3_runtime.config import ArchitectureConfig, ConfigError, ModelConfig
 from qwen3_runtime.loader import CheckpointError, load_model, read_architecture, read_sampling_defaults
+from qwen3_runtime.models.qwen3_config import RopeScaling
 
 
 def _load(path):
