@@ -25,8 +25,9 @@ from qwen3_runtime.device import (
     size_kv_cache,
 )
 from qwen3_runtime.kv_cache import allocate_kv_cache
-from qwen3_runtime.loader import load_model, model_architecture, read_sampling_defaults
+from qwen3_runtime.loader import load_model
 from qwen3_runtime.memory_profile import worst_step_bytes
+from qwen3_runtime.models.hf_config import model_architecture, read_sampling_defaults
 from qwen3_runtime.packed_rows import build_latest
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate, Status

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Literal
+import contextlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal
 
-from qwen3_runtime.typed_config import ConfigError, bounds, size_bounds
+from qwen3_runtime.models.hf_config import parse_rope, rope_type
+from qwen3_runtime.typed_config import ConfigError, bounds, build, size_bounds
+
+# transformers' Qwen3Config defaults for keys a config.json may omit; Qwen3Config's own are the released models'
+# values (for random weights), and taking those would silently change the rotary embedding or the head size.
+_HF_DEFAULTS = {"head_dim": 128, "rope_theta": 10000.0, "max_position_embeddings": 32768}
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,39 @@ class Qwen3Config:
                 f"eos_token_id={self.eos_token_id!r} is out of range: each id must be in [0, {self.vocab_size}) "
                 "(vocab_size)"
             )
+
+    @classmethod
+    def honoured(cls) -> frozenset[str]:
+        return frozenset(f.name for f in fields(cls)) | {"rope_parameters"}
+
+    @classmethod
+    def fixed(cls, hf: Mapping[str, Any]) -> dict[str, tuple[object, tuple[object, ...]]]:
+        """What this family implements of keys that transformers' Qwen3 reads at other values too."""
+        layer_types = hf.get("layer_types") or ()
+        return {
+            "hidden_act": (hf.get("hidden_act"), (None, "silu")),
+            "attention_bias": (hf.get("attention_bias"), (None, False)),
+            "use_sliding_window": (hf.get("use_sliding_window"), (None, False)),
+            "layer_types": (next((t for t in layer_types if t != "full_attention"), None), (None, "full_attention")),
+            "rope_parameters.rope_type": (rope_type(hf), (None, "default", "yarn")),
+        }
+
+    @classmethod
+    def from_hf(cls, hf: Mapping[str, Any], where: str) -> Qwen3Config:
+        """The shape from config.json (its keys checked by hf_config.check_keys): absent keys take transformers'
+        defaults, head_dim hidden_size / num_attention_heads when null."""
+        raw = {k: v for k, v in hf.items() if k in cls.__dataclass_fields__ and k != "rope_scaling"}
+        raw.update(parse_rope(hf))
+        for key, value in _HF_DEFAULTS.items():  # absent (not null)
+            raw.setdefault(key, value)
+        if raw.get("head_dim") is None:
+            raw.pop("head_dim", None)
+            with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):  # else build names the bad key
+                raw["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
+        try:
+            return build(cls, raw, "")
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
 
     @property
     def max_context(self) -> int:
