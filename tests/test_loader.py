@@ -91,8 +91,9 @@ def test_integer_or_8_bit_tensor_is_an_error(make_checkpoint, dtype):
         _load(path)
 
 
-def test_random_weights_are_seeded_and_respect_tying():
-    arch = ArchitectureConfig(
+def _small() -> ArchitectureConfig:
+    """A shape for random weights: one layer, so the parameter list below reads whole."""
+    return ArchitectureConfig(
         vocab_size=64,
         hidden_size=16,
         intermediate_size=32,
@@ -101,11 +102,48 @@ def test_random_weights_are_seeded_and_respect_tying():
         num_key_value_heads=1,
         head_dim=8,
     )
-    a = load_model(ModelConfig(architecture=arch, seed=3), torch.device("cpu"), torch.float32)
-    b = load_model(ModelConfig(architecture=arch, seed=3), torch.device("cpu"), torch.float32)
+
+
+def test_random_weights_are_seeded_and_respect_tying():
+    a = load_model(ModelConfig(architecture=_small(), seed=3), torch.device("cpu"), torch.float32)
+    b = load_model(ModelConfig(architecture=_small(), seed=3), torch.device("cpu"), torch.float32)
     for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
         assert torch.equal(pa, pb), name
     assert not a.lm_head_is_tied and a.model.norm.weight.eq(1).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_parameters_and_seeded_weights_are_pinned(dtype):
+    """Names, order, shapes and dtypes are the state dict's contract; the order is also the seeded weights' (one
+    generator drawing N(0, 0.02) parameter by parameter, norms 1): benchmarks and random-weight tests rely on both."""
+    model = load_model(ModelConfig(architecture=_small(), seed=5), torch.device("cpu"), dtype)
+    layer = [
+        ("input_layernorm", (16,)),
+        ("self_attn.qkv_proj", (32, 16)),
+        ("self_attn.o_proj", (16, 16)),
+        ("self_attn.q_norm", (8,)),
+        ("self_attn.k_norm", (8,)),
+        ("post_attention_layernorm", (16,)),
+        ("mlp.gate_up_proj", (64, 16)),
+        ("mlp.down_proj", (16, 32)),
+    ]
+    expected = [
+        ("model.embed_tokens.weight", (64, 16)),
+        *((f"model.layers.0.{name}.weight", shape) for name, shape in layer),
+        ("model.norm.weight", (16,)),
+        ("lm_head.weight", (64, 16)),
+    ]
+    params = list(model.named_parameters())
+    assert [(name, tuple(p.shape)) for name, p in params] == expected
+    assert {p.dtype for _, p in params} == {dtype}
+    gen = torch.Generator().manual_seed(5)
+    for name, p in params:
+        drawn = (
+            torch.empty_like(p).fill_(1.0)
+            if name.endswith("norm.weight")
+            else torch.empty_like(p).normal_(0.0, 0.02, generator=gen)
+        )
+        assert torch.equal(p, drawn), name
 
 
 def test_untied_checkpoint_without_lm_head_is_an_error(make_checkpoint):
