@@ -11,8 +11,8 @@ from safetensors import SafetensorError, safe_open
 from qwen3_runtime.config import ArchitectureConfig, ModelConfig
 from qwen3_runtime.device import check_weights_fit
 from qwen3_runtime.input_errors import CheckpointError
-from qwen3_runtime.model import Qwen3ForCausalLM
 from qwen3_runtime.models.hf_config import model_architecture, read_json
+from qwen3_runtime.models.qwen3 import Qwen3ForCausalLM
 from qwen3_runtime.models.registry import family_of
 
 # Hugging Face projection names -> (our fused parameter, index of the shard inside it).

@@ -53,7 +53,7 @@ FAMILIES = (
         ("qwen3",),
         ("Qwen3ForCausalLM",),
         "qwen3_runtime.models.qwen3_config:Qwen3Config",
-        "qwen3_runtime.model:Qwen3ForCausalLM",
+        "qwen3_runtime.models.qwen3:Qwen3ForCausalLM",
     ),
 )
 

@@ -84,7 +84,7 @@ def test_yarn_null_truncate_does_not_truncate_as_in_transformers(tiny_checkpoint
     import transformers
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from qwen3_runtime.model import rope_frequencies
+    from qwen3_runtime.layers.rotary import rope_frequencies
 
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 256, "truncate": None}
     path = copy_checkpoint(tiny_checkpoint, rope_parameters={**yarn, "rope_theta": 1e4})

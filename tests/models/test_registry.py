@@ -17,7 +17,7 @@ def test_an_unknown_model_type_names_the_supported_ones():
 
 
 def test_a_shape_finds_its_family_and_its_classes():
-    from qwen3_runtime.model import Qwen3ForCausalLM
+    from qwen3_runtime.models.qwen3 import Qwen3ForCausalLM
 
     family = family_of(load_config("tiny").model.architecture)
     assert (family.name, family.config_cls(), family.model_cls()) == ("qwen3", Qwen3Config, Qwen3ForCausalLM)
