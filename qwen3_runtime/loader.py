@@ -11,6 +11,7 @@ from safetensors import SafetensorError, safe_open
 from qwen3_runtime.config import ArchitectureConfig, ModelConfig
 from qwen3_runtime.device import check_weights_fit
 from qwen3_runtime.input_errors import CheckpointError
+from qwen3_runtime.layers.build import LayerBuild
 from qwen3_runtime.models.hf_config import model_architecture, read_json
 from qwen3_runtime.models.qwen3 import Qwen3ForCausalLM
 from qwen3_runtime.models.registry import family_of
@@ -28,11 +29,11 @@ _FUSED = {
 def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
     """Allocate the model once on `device` (no init pass) and fill it tensor by tensor."""
     arch = model_architecture(cfg)
-    model_cls = family_of(arch).model_cls()
-    check_weights_fit(_num_weights(model_cls, arch) * dtype.itemsize, device, dtype)
+    model_cls, build = family_of(arch).model_cls(), LayerBuild(dtype)
+    check_weights_fit(_num_weights(model_cls, arch, build) * dtype.itemsize, device, dtype)
     with torch.device("meta"):
-        model = model_cls(arch)
-    model = model.to(dtype).to_empty(device=device)
+        model = model_cls(arch, build)
+    model = model.to_empty(device=device)
     if cfg.path:
         _load_checkpoint(model, Path(cfg.path))
     else:
@@ -41,11 +42,11 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qw
     return model
 
 
-def _num_weights(model_cls: type[Qwen3ForCausalLM], arch: ArchitectureConfig) -> int:
+def _num_weights(model_cls: type[Qwen3ForCausalLM], arch: ArchitectureConfig, build: LayerBuild) -> int:
     """The model's weight count (tied embeddings once), from a one-layer copy on the meta device: counted before any
     layer is built, so a shape far too large is refused at once."""
     with torch.device("meta"):
-        one = model_cls(dataclasses.replace(arch, num_hidden_layers=1))
+        one = model_cls(dataclasses.replace(arch, num_hidden_layers=1), build)
     tied = arch.tie_word_embeddings
     numel = sum(p.numel() for name, p in one.named_parameters() if not (tied and name == "lm_head.weight"))
     return numel + (arch.num_hidden_layers - 1) * sum(p.numel() for p in one.model.layers[0].parameters())

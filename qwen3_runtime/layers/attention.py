@@ -7,12 +7,12 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from qwen3_runtime.layers.build import LayerBuild
+from qwen3_runtime.layers.linear import UnquantizedWeight
 from qwen3_runtime.layers.norm import RMSNorm
 from qwen3_runtime.layers.rotary import Rotary
 from qwen3_runtime.ops.attention_inputs import attention_inputs
 from qwen3_runtime.ops.decode_attention import paged_decode_attention
-from qwen3_runtime.ops.linear import linear, linear_partials
-from qwen3_runtime.ops.linear_preload import preload_applies, preloaded_partials
 from qwen3_runtime.ops.prefill_attention import PrefillPlan, attend_prefill
 
 
@@ -40,15 +40,17 @@ class AttentionMetadata:
 class Attention(nn.Module):
     """Grouped-query attention with per-head q/k RMSNorm before the rotary embedding, over the paged KV cache."""
 
-    def __init__(self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float) -> None:
+    def __init__(
+        self, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int, eps: float, build: LayerBuild
+    ) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = self.head_dim**-0.5
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = nn.Linear(hidden_size, q_size + 2 * kv_size, bias=False)
-        self.o_proj = nn.Linear(q_size, hidden_size, bias=False)
-        self.q_norm = RMSNorm(self.head_dim, eps)
-        self.k_norm = RMSNorm(self.head_dim, eps)
+        self.qkv_proj = UnquantizedWeight(hidden_size, (q_size, kv_size, kv_size), build)
+        self.o_proj = UnquantizedWeight(q_size, (hidden_size,), build)
+        self.q_norm = RMSNorm(self.head_dim, eps, build)
+        self.k_norm = RMSNorm(self.head_dim, eps, build)
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, kv_cache: torch.Tensor, meta: AttentionMetadata
@@ -58,7 +60,7 @@ class Attention(nn.Module):
         invariant = meta.batch_invariant
         # qkv lets the attention inputs launch as it starts (their one-warp programs fit beside it), so they
         # read their staged inputs, and attention (and o_proj's preload) launches, while qkv streams.
-        qkv = linear(x, self.qkv_proj.weight, dependents_early=True, invariant=invariant)
+        qkv = self.qkv_proj.matmul(x, dependents_early=True, invariant=invariant)
         q, k, v = attention_inputs(
             qkv,
             self.num_heads,
@@ -73,7 +75,7 @@ class Attention(nn.Module):
             meta.slot_mapping,
             invariant=invariant,
         )
-        preload = not meta.is_prefill and preload_applies(x.shape[0], self.o_proj.weight)
+        preload = not meta.is_prefill and self.o_proj.preloads(x.shape[0])
         if meta.is_prefill:
             out = attend_prefill(q, k, v, k_cache, v_cache, meta.prefill, self.scale, invariant)
         else:
@@ -89,6 +91,4 @@ class Attention(nn.Module):
                 arrivals=meta.split_arrivals,
             )
         out = out.reshape(x.shape[0], -1)
-        if preload:
-            return preloaded_partials(out, self.o_proj.weight)
-        return linear_partials(out, self.o_proj.weight, invariant=invariant)
+        return self.o_proj.partials(out, preloaded=preload, invariant=invariant)

@@ -6,17 +6,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from qwen3_runtime.ops.linear import mlp_partials
+from qwen3_runtime.layers.build import LayerBuild
+from qwen3_runtime.layers.linear import UnquantizedWeight
 
 
 class DenseMLP(nn.Module):
     """SwiGLU: down(silu(gate(x)) * up(x)), gate and up fused into one projection."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(self, hidden_size: int, intermediate_size: int, build: LayerBuild) -> None:
         super().__init__()
-        self.gate_up_proj = nn.Linear(hidden_size, 2 * intermediate_size, bias=False)
-        self.down_proj = nn.Linear(intermediate_size, hidden_size, bias=False)
+        self.gate_up_proj = UnquantizedWeight(hidden_size, (intermediate_size, intermediate_size), build)
+        self.down_proj = UnquantizedWeight(intermediate_size, (hidden_size,), build)
 
     def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
         """down_proj as [S, T, hidden] partial sums, like Attention's output."""
-        return mlp_partials(x, self.gate_up_proj.weight, self.down_proj.weight, invariant)
+        return self.gate_up_proj.gated_partials(self.down_proj, x, invariant=invariant)

@@ -6,14 +6,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from qwen3_runtime.layers.build import LayerBuild, parameter
 from qwen3_runtime.ops.embedding import embed
 from qwen3_runtime.ops.invariant_linear import invariant_linear
 
 
-class VocabEmbedding(nn.Embedding):
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
-        # Given its weight, the embedding skips its init: normal_ imports torch._dynamo (seconds at start-up).
-        super().__init__(vocab_size, hidden_size, _weight=torch.empty(vocab_size, hidden_size))
+class VocabEmbedding(nn.Module):
+    def __init__(self, vocab_size: int, hidden_size: int, build: LayerBuild) -> None:
+        super().__init__()
+        self.weight = parameter(build, vocab_size, hidden_size)
 
     def embed(self, input_ids: torch.Tensor, fed_from: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """fed_from = (prev_row, sampled): a row with prev_row >= 0 takes as its input the token sampled[prev_row]
@@ -21,9 +22,10 @@ class VocabEmbedding(nn.Embedding):
         return embed(self.weight, input_ids, *(fed_from or (None, None)))
 
 
-class LMHead(nn.Linear):
-    def __init__(self, hidden_size: int, vocab_size: int) -> None:
-        super().__init__(hidden_size, vocab_size, bias=False)
+class LMHead(nn.Module):
+    def __init__(self, hidden_size: int, vocab_size: int, build: LayerBuild) -> None:
+        super().__init__()
+        self.weight = parameter(build, vocab_size, hidden_size)
 
     def tie_to(self, embedding: VocabEmbedding) -> None:
         self.weight = embedding.weight

@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 from qwen3_runtime.layers.attention import Attention, AttentionMetadata
+from qwen3_runtime.layers.build import LayerBuild
 from qwen3_runtime.layers.mlp import DenseMLP
 from qwen3_runtime.layers.norm import RMSNorm
 from qwen3_runtime.layers.rotary import Rotary
@@ -14,14 +15,14 @@ from qwen3_runtime.models.qwen3_config import Qwen3Config
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Qwen3Config, build: LayerBuild) -> None:
         super().__init__()
-        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
         self.self_attn = Attention(
-            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps
+            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, build
         )
-        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
-        self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
+        self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, build)
 
     def forward(
         self,
@@ -45,22 +46,22 @@ class Qwen3DecoderLayer(nn.Module):
 
 
 class Qwen3Model(nn.Module):
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Qwen3Config, build: LayerBuild) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg) for _ in range(cfg.num_hidden_layers))
-        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, build)
+        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, build) for _ in range(cfg.num_hidden_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
 
 class Qwen3ForCausalLM(nn.Module):
     """Module names follow Hugging Face's, except the fused qkv_proj and gate_up_proj."""
 
-    def __init__(self, cfg: Qwen3Config) -> None:
+    def __init__(self, cfg: Qwen3Config, build: LayerBuild) -> None:
         super().__init__()
         self.config = cfg
-        self.model = Qwen3Model(cfg)
-        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size)
+        self.model = Qwen3Model(cfg, build)
+        self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, build)
 
     def tie_lm_head(self) -> None:
         self.lm_head.tie_to(self.model.embed_tokens)
