@@ -12,25 +12,17 @@ from qwen3_runtime.config import ArchitectureConfig, ModelConfig
 from qwen3_runtime.device import check_weights_fit
 from qwen3_runtime.input_errors import CheckpointError
 from qwen3_runtime.layers.build import LayerBuild
+from qwen3_runtime.layers.loading import Route, WeightError, routes
 from qwen3_runtime.models.hf_config import model_architecture, read_json
 from qwen3_runtime.models.qwen3 import Qwen3ForCausalLM
 from qwen3_runtime.models.registry import family_of
-
-# Hugging Face projection names -> (our fused parameter, index of the shard inside it).
-_FUSED = {
-    "self_attn.q_proj": ("self_attn.qkv_proj", 0),
-    "self_attn.k_proj": ("self_attn.qkv_proj", 1),
-    "self_attn.v_proj": ("self_attn.qkv_proj", 2),
-    "mlp.gate_proj": ("mlp.gate_up_proj", 0),
-    "mlp.up_proj": ("mlp.gate_up_proj", 1),
-}
 
 
 def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
     """Allocate the model once on `device` (no init pass) and fill it tensor by tensor."""
     arch = model_architecture(cfg)
     model_cls, build = family_of(arch).model_cls(), LayerBuild(dtype)
-    check_weights_fit(_num_weights(model_cls, arch, build) * dtype.itemsize, device, dtype)
+    check_weights_fit(_weight_bytes(model_cls, arch, build), device, dtype)
     with torch.device("meta"):
         model = model_cls(arch, build)
     model = model.to_empty(device=device)
@@ -42,14 +34,14 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qw
     return model
 
 
-def _num_weights(model_cls: type[Qwen3ForCausalLM], arch: ArchitectureConfig, build: LayerBuild) -> int:
-    """The model's weight count (tied embeddings once), from a one-layer copy on the meta device: counted before any
+def _weight_bytes(model_cls: type[Qwen3ForCausalLM], arch: ArchitectureConfig, build: LayerBuild) -> int:
+    """The model's weight bytes (tied embeddings once), from a one-layer copy on the meta device: counted before any
     layer is built, so a shape far too large is refused at once."""
     with torch.device("meta"):
         one = model_cls(dataclasses.replace(arch, num_hidden_layers=1), build)
     tied = arch.tie_word_embeddings
-    numel = sum(p.numel() for name, p in one.named_parameters() if not (tied and name == "lm_head.weight"))
-    return numel + (arch.num_hidden_layers - 1) * sum(p.numel() for p in one.model.layers[0].parameters())
+    nbytes = sum(p.nbytes for name, p in one.named_parameters() if not (tied and name == "lm_head.weight"))
+    return nbytes + (arch.num_hidden_layers - 1) * sum(p.nbytes for p in one.model.layers[0].parameters())
 
 
 def _checkpoint_files(path: Path) -> list[Path]:
@@ -68,72 +60,32 @@ def _checkpoint_files(path: Path) -> list[Path]:
     raise CheckpointError(f"{path}: neither model.safetensors nor model.safetensors.index.json")
 
 
-def _checkpoint_names(model: Qwen3ForCausalLM) -> dict[str, tuple[str, int | None]]:
-    """Every tensor name a checkpoint must hold -> (our parameter, shard index or None)."""
-    names = {}
-    for param_name, _ in model.named_parameters(remove_duplicate=False):
-        fused = [(hf, shard) for hf, (ours, shard) in _FUSED.items() if f".{ours}." in param_name]
-        for hf_part, shard in fused:
-            ours = _FUSED[hf_part][0]
-            names[param_name.replace(ours, hf_part)] = (param_name, shard)
-        if not fused:
-            names[param_name] = (param_name, None)
-    return names
-
-
-def _shard_slice(param_name: str, shard: int, cfg: ArchitectureConfig) -> slice:
-    if "qkv_proj" in param_name:
-        q, kv = cfg.num_attention_heads * cfg.head_dim, cfg.num_key_value_heads * cfg.head_dim
-        starts = [0, q, q + kv, q + 2 * kv]
-    else:
-        starts = [0, cfg.intermediate_size, 2 * cfg.intermediate_size]
-    return slice(starts[shard], starts[shard + 1])
-
-
 def _load_checkpoint(model: Qwen3ForCausalLM, path: Path) -> None:
-    expected = _checkpoint_names(model)
+    expected = dict(routes(model))
+    device = next(model.parameters()).device
     seen = set()
     for file in _checkpoint_files(path):
         try:
-            seen |= _load_file(model, file, expected)
+            seen |= _load_file(file, expected, device)
         except (SafetensorError, OSError) as e:  # truncated, empty or missing: name the file
             raise CheckpointError(f"{file}: not a readable safetensors file ({e})") from None
-    # Tied checkpoints omit lm_head, or (Qwen3-0.6B, 1.7B) hold a copy of the embedding: tie rather than keep a
-    # second vocab x hidden tensor, as transformers and vLLM do. A different lm_head stays, as transformers keeps it.
-    if model.config.tie_word_embeddings and (
-        "lm_head.weight" not in seen or torch.equal(model.lm_head.weight, model.model.embed_tokens.weight)
-    ):
-        model.tie_lm_head()
-        seen.add("lm_head.weight")
+    seen |= model.after_load(seen)
     missing = sorted(set(expected) - seen)
     if missing:
         untied = " (config.json has tie_word_embeddings: false)" if missing[0] == "lm_head.weight" else ""
         raise CheckpointError(f"missing tensor {missing[0]!r} in {path}{untied} ({len(missing)} missing in all)")
 
 
-def _load_file(model: Qwen3ForCausalLM, file: Path, expected: dict[str, tuple[str, int | None]]) -> set[str]:
-    """Copy one safetensors file's tensors into the model; returns their names."""
-    params = dict(model.named_parameters(remove_duplicate=False))
-    device = next(model.parameters()).device
+def _load_file(file: Path, expected: dict[str, Route], device: torch.device) -> set[str]:
+    """Copy one safetensors file's tensors along their routes; returns their names."""
     with safe_open(str(file), framework="pt", device=str(device)) as f:
         for name in f.keys():
             if name not in expected:
                 raise CheckpointError(f"unexpected tensor {name!r} in {file.name}")
-            param_name, shard = expected[name]
-            dest = params[param_name].data
-            if shard is not None:
-                dest = dest[_shard_slice(param_name, shard, model.config)]
-            tensor = f.get_tensor(name)
-            if tuple(tensor.shape) != tuple(dest.shape):
-                raise CheckpointError(
-                    f"tensor {name!r} in {file.name} has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}"
-                )
-            if not tensor.is_floating_point() or tensor.dtype.itemsize < 2:  # copy_ would cast it without a word
-                raise CheckpointError(
-                    f"tensor {name!r} in {file.name} has dtype {tensor.dtype}, expected a 16- or 32-bit float "
-                    "(quantized checkpoints are not supported)"
-                )
-            dest.copy_(tensor)
+            try:
+                expected[name].load(f.get_tensor(name))
+            except WeightError as e:
+                raise CheckpointError(f"tensor {name!r} in {file.name} {e}") from None
         return set(f.keys())
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -9,6 +10,7 @@ from torch import nn
 
 from qwen3_runtime.layers.build import LayerBuild
 from qwen3_runtime.layers.linear import UnquantizedWeight
+from qwen3_runtime.layers.loading import Route, part_routes, routes
 from qwen3_runtime.layers.norm import RMSNorm
 from qwen3_runtime.layers.rotary import Rotary
 from qwen3_runtime.ops.attention_inputs import attention_inputs
@@ -51,6 +53,13 @@ class Attention(nn.Module):
         self.o_proj = UnquantizedWeight(q_size, (hidden_size,), build)
         self.q_norm = RMSNorm(self.head_dim, eps, build)
         self.k_norm = RMSNorm(self.head_dim, eps, build)
+
+    def checkpoint_routes(self) -> Iterator[tuple[str, Route]]:
+        """The checkpoint's separate q, k and v projections are the three parts of qkv_proj."""
+        for part, name in enumerate(("q_proj", "k_proj", "v_proj")):
+            yield from part_routes(self.qkv_proj, name, part)
+        for name in ("o_proj", "q_norm", "k_norm"):
+            yield from routes(getattr(self, name), f"{name}.")
 
     def forward(
         self, x: torch.Tensor, positions: torch.Tensor, rotary: Rotary, kv_cache: torch.Tensor, meta: AttentionMetadata

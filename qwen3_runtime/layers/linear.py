@@ -3,10 +3,14 @@ methods, never a kernel on a tensor, and another format (FP8's blocks and scales
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import ClassVar
+
 import torch
 from torch import nn
 
 from qwen3_runtime.layers.build import LayerBuild, parameter
+from qwen3_runtime.layers.loading import Route, copy_checked
 from qwen3_runtime.ops.linear import linear, linear_partials, mlp_partials
 from qwen3_runtime.ops.linear_preload import preload_applies, preloaded_partials
 
@@ -14,6 +18,8 @@ from qwen3_runtime.ops.linear_preload import preload_applies, preloaded_partials
 class LinearWeight(nn.Module):
     """One projection, or several fused along the output: `out_parts` are their output sizes, in the order of
     the checkpoint's tensors (q, k, v; gate, up)."""
+
+    suffixes: ClassVar[tuple[str, ...]] = ("weight",)  # its tensors per checkpoint projection
 
     def __init__(self, in_features: int, out_parts: tuple[int, ...]) -> None:
         super().__init__()
@@ -23,6 +29,15 @@ class LinearWeight(nn.Module):
         """The output rows of the fused projection `part`."""
         start = sum(self.out_parts[:part])
         return slice(start, start + self.out_parts[part])
+
+    def checkpoint_routes(self) -> Iterator[tuple[str, Route]]:
+        """Its tensors when it is one checkpoint projection (a fused one is routed by its layer: part_routes)."""
+        for suffix in self.suffixes:
+            yield suffix, Route(self, suffix)
+
+    def load_weight(self, suffix: str, tensor: torch.Tensor, part: int | None = None) -> None:
+        dest = getattr(self, suffix).data
+        copy_checked(dest if part is None else dest[self.part_rows(part)], tensor)
 
     def matmul(self, x: torch.Tensor, *, dependents_early: bool = False, invariant: bool = False) -> torch.Tensor:
         """x [T, in] times the weight: [T, out], in x's dtype."""

@@ -66,6 +66,17 @@ class Qwen3ForCausalLM(nn.Module):
     def tie_lm_head(self) -> None:
         self.lm_head.tie_to(self.model.embed_tokens)
 
+    def after_load(self, seen: set[str]) -> set[str]:
+        """The tensors it accounts for beyond those loaded (`seen`). Tied checkpoints omit lm_head, or (Qwen3-0.6B,
+        1.7B) hold a copy of the embedding: tie rather than keep a second vocab x hidden tensor, as transformers and
+        vLLM do. A different lm_head stays, as transformers keeps it."""
+        if self.config.tie_word_embeddings and (
+            "lm_head.weight" not in seen or torch.equal(self.lm_head.weight, self.model.embed_tokens.weight)
+        ):
+            self.tie_lm_head()
+            return {"lm_head.weight"}
+        return set()
+
     @property
     def lm_head_is_tied(self) -> bool:
         return self.lm_head.weight is self.model.embed_tokens.weight
