@@ -8,88 +8,15 @@ from typing import Any, Literal
 
 import yaml
 
+from qwen3_runtime.models.qwen3_config import Qwen3Config
 from qwen3_runtime.params import SamplingParams
-from qwen3_runtime.typed_config import ConfigError, build
+from qwen3_runtime.typed_config import MAX_SIZE, ConfigError, bounds, build, size_bounds
 
+# Seeds fit int64, as torch's generators take them.
+MAX_SEED = 2**63 - 1
 
-def _range(lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> dict:
-    return {"lo": lo, "hi": hi, "lo_open": lo_open}
-
-
-# Sizes and counts fit int32, which the kernels index with; seeds fit int64, as torch's generators take them.
-MAX_SIZE, MAX_SEED = 2**31 - 1, 2**63 - 1
-
-
-def _size(lo: int) -> dict:
-    return _range(lo, MAX_SIZE)
-
-
-@dataclass(frozen=True)
-class RopeScaling:
-    """YaRN, how Qwen3 serves contexts past the 32,768 tokens it was trained on; named as in config.json's
-    rope_scaling (transformers 5: rope_parameters)."""
-
-    rope_type: Literal["yarn"]
-    factor: float = field(metadata=_range(1))
-    original_max_position_embeddings: int = field(metadata=_size(1))
-    # Frequencies turning more than beta_fast times over the original context are kept, fewer than beta_slow
-    # times divided by the factor, those between ramped; truncate rounds those bounds to whole dimensions.
-    beta_fast: float = field(default=32.0, metadata=_range(0, lo_open=True))
-    beta_slow: float = field(default=1.0, metadata=_range(0, lo_open=True))
-    truncate: bool = True
-    # cos and sin are multiplied by it; None: 0.1 ln(factor) + 1, the YaRN paper's.
-    attention_factor: float | None = field(default=None, metadata=_range(0, lo_open=True))
-
-    def __post_init__(self) -> None:
-        if self.beta_fast < self.beta_slow:
-            raise ConfigError(f"beta_fast={self.beta_fast} must be >= beta_slow={self.beta_slow}")
-
-
-@dataclass(frozen=True)
-class ArchitectureConfig:
-    """Qwen3 shape, named as in Hugging Face's config.json; used when no checkpoint is given."""
-
-    vocab_size: int = field(metadata=_size(1))
-    hidden_size: int = field(metadata=_size(1))
-    intermediate_size: int = field(metadata=_size(1))
-    num_hidden_layers: int = field(metadata=_size(1))
-    num_attention_heads: int = field(metadata=_size(1))
-    num_key_value_heads: int = field(metadata=_size(1))
-    head_dim: int = field(default=128, metadata=_size(2))
-    rms_norm_eps: float = field(default=1e-6, metadata=_range(0, lo_open=True))
-    rope_theta: float = field(default=1e6, metadata=_range(0, lo_open=True))
-    max_position_embeddings: int = field(default=40960, metadata=_size(1))
-    rope_scaling: RopeScaling | None = None
-    tie_word_embeddings: bool = False
-    eos_token_id: int | list[int] | None = None
-
-    def __post_init__(self) -> None:
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ConfigError(
-                f"num_attention_heads={self.num_attention_heads} must be a multiple of "
-                f"num_key_value_heads={self.num_key_value_heads}"
-            )
-        if self.head_dim % 2:
-            raise ConfigError(f"head_dim={self.head_dim} must be even (rotary embedding)")
-        if not all(0 <= t < self.vocab_size for t in self.eos_token_ids):
-            raise ConfigError(
-                f"eos_token_id={self.eos_token_id!r} is out of range: each id must be in [0, {self.vocab_size}) "
-                "(vocab_size)"
-            )
-
-    @property
-    def max_context(self) -> int:
-        """The most positions the model serves: max_position_embeddings, or with YaRN its original context times
-        its factor (vLLM's rule: Qwen3's 32,768 × 4 = 131,072 while config.json keeps 40,960)."""
-        if self.rope_scaling is None:
-            return self.max_position_embeddings
-        return int(self.rope_scaling.original_max_position_embeddings * self.rope_scaling.factor)
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        if self.eos_token_id is None:
-            return ()
-        return tuple(self.eos_token_id) if isinstance(self.eos_token_id, list) else (self.eos_token_id,)
+# The type of model.architecture: the dense family's shape (its importers keep this name).
+ArchitectureConfig = Qwen3Config
 
 
 @dataclass(frozen=True)
@@ -99,7 +26,7 @@ class ModelConfig:
     # The shape used for random weights when `path` is None.
     architecture: ArchitectureConfig | None = None
     # Seed of the random weights.
-    seed: int = field(default=0, metadata=_range(0, MAX_SEED))
+    seed: int = field(default=0, metadata=bounds(0, MAX_SEED))
     # auto: bfloat16 on a GPU, float32 on the CPU.
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = "auto"
     # Text in and out: builtin (Qwen3's tokenizer, shipped offline) or a directory with tokenizer.json;
@@ -124,17 +51,17 @@ class EngineConfig:
     device: str = "auto"
     # Prompt and generated tokens of a request. None: the model's context (ArchitectureConfig.max_context), capped
     # by what the KV cache holds (device.size_kv_cache), as vLLM does.
-    max_model_len: int | None = field(default=None, metadata=_size(2))
-    max_num_seqs: int = field(default=64, metadata=_size(1))
+    max_model_len: int | None = field(default=None, metadata=size_bounds(2))
+    max_num_seqs: int = field(default=64, metadata=size_bounds(1))
     # Tokens of one step, as vLLM counts them: the decoding requests riding in a prefill step (a token each) and
     # prompt chunks in the rest, so a longer prompt is prefilled over several steps and this bounds the decoding
     # requests' stall. At least max_num_seqs (vLLM's rule too), so the prompts always keep a token of it.
-    max_num_batched_tokens: int = field(default=8192, metadata=_size(1))
-    block_size: int = field(default=16, metadata=_size(1))
+    max_num_batched_tokens: int = field(default=8192, metadata=size_bounds(1))
+    block_size: int = field(default=16, metadata=size_bounds(1))
     # None: enough for max_num_seqs full-length sequences, capped by gpu_memory_utilization of the free memory less
     # what the largest step needs (memory_profile.py).
-    num_kv_blocks: int | None = field(default=None, metadata=_size(1))
-    gpu_memory_utilization: float = field(default=0.9, metadata=_range(0, 1, lo_open=True))
+    num_kv_blocks: int | None = field(default=None, metadata=size_bounds(1))
+    gpu_memory_utilization: float = field(default=0.9, metadata=bounds(0, 1, lo_open=True))
     # Capture the decode step (one graph per padded batch size and variant) and the prefill forward (per token
     # bucket) in CUDA graphs; GPU only.
     cuda_graphs: bool = True
@@ -143,7 +70,7 @@ class EngineConfig:
     # Prefill steps of up to this many tokens (prompt chunks and decoding rows) replay CUDA graphs too, padded to
     # steps of 16 tokens up to 256, of 64 up to 1024, then of 256; longer ones run eagerly, where the GPU's time
     # hides the host's.
-    prefill_graph_max_tokens: int = field(default=2048, metadata=_size(1))
+    prefill_graph_max_tokens: int = field(default=2048, metadata=size_bounds(1))
     # Launch each step (decode or prefill) before reading the one before, so the host's work overlaps the GPU's; a
     # request that stops on a token costs one discarded row in the step after.
     async_scheduling: bool = True
@@ -156,7 +83,7 @@ class EngineConfig:
     # Threads of torch's CPU work (process-wide, as torch's setting is). None: torch's own, OMP_NUM_THREADS where
     # set, else one per core; on a machine other work keeps busy, fewer (often 1) can be much faster, since each
     # small op waits for its slowest thread.
-    cpu_threads: int | None = field(default=None, metadata=_size(1))
+    cpu_threads: int | None = field(default=None, metadata=size_bounds(1))
 
     def __post_init__(self) -> None:
         if self.device != "auto" and not (self.device == "cpu" or self.device.startswith("cuda")):
@@ -185,12 +112,12 @@ class LogprobsConfig:
     # device: reduce on the GPU, copy back O(k) numbers; host: copy full rows, scan in float64.
     path: Literal["device", "host"] = "device"
     # Largest `logprobs` / `prompt_logprobs` a request may ask for; -1 allows the full vocabulary.
-    max_logprobs: int = field(default=20, metadata=_range(-1, MAX_SIZE))
+    max_logprobs: int = field(default=20, metadata=bounds(-1, MAX_SIZE))
     # Default logprobs_mode of requests: raw (before temperature / top-k / top-p) or processed.
     mode: Literal["raw", "processed"] = "raw"
     # Prompt positions whose logits exist at once when computing prompt logprobs. Each chunk's lm_head product
     # reads the whole lm_head again, so chunks of fewer rows run under the matmul rate.
-    prompt_chunk_size: int = field(default=512, metadata=_size(1))
+    prompt_chunk_size: int = field(default=512, metadata=size_bounds(1))
 
 
 @dataclass(frozen=True)
@@ -198,9 +125,9 @@ class GenerateConfig:
     """The CLI's main job: explicit prompts, or random prompts of a fixed length."""
 
     prompts: list[list[int]] | None = None
-    num_prompts: int = field(default=4, metadata=_size(1))
-    prompt_len: int = field(default=16, metadata=_size(1))
-    prompt_seed: int = field(default=0, metadata=_range(0, MAX_SEED))
+    num_prompts: int = field(default=4, metadata=size_bounds(1))
+    prompt_len: int = field(default=16, metadata=size_bounds(1))
+    prompt_seed: int = field(default=0, metadata=bounds(0, MAX_SEED))
     # None: the model's defaults (Runtime.default_sampling_params), as vLLM's LLM.generate without params.
     sampling: SamplingParams | None = None
 

@@ -18,9 +18,10 @@ from qwen3_runtime.device import (
     size_kv_cache,
 )
 from qwen3_runtime.kv_cache import allocate_kv_cache
-from qwen3_runtime.loader import load_model, model_architecture
+from qwen3_runtime.loader import load_model
 from qwen3_runtime.memory_profile import worst_step_bytes
-from qwen3_runtime.model import Qwen3ForCausalLM
+from qwen3_runtime.models.hf_config import model_architecture
+from qwen3_runtime.models.qwen3 import Qwen3ForCausalLM
 from qwen3_runtime.runner import ModelRunner
 
 

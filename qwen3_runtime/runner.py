@@ -20,9 +20,10 @@ import torch
 
 from graphs import StepGraphs, default_buckets, token_buckets
 from qwen3_runtime.config import Config
+from qwen3_runtime.layers.attention import AttentionMetadata
 from qwen3_runtime.logprobs import TokenLogprob
 from qwen3_runtime.logprobs.host_path import full_row_logprob
-from qwen3_runtime.model import AttentionMetadata, Qwen3ForCausalLM
+from qwen3_runtime.models.qwen3 import Qwen3ForCausalLM
 from qwen3_runtime.ops import cdiv, num_sms
 from qwen3_runtime.ops.decode_attention import LONG_ROW_TOKENS, default_num_splits, long_row_splits
 from qwen3_runtime.packed_rows import packed_width

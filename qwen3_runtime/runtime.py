@@ -16,7 +16,7 @@ from qwen3_runtime.block_manager import BlockManager
 from qwen3_runtime.config import Config, load_config
 from qwen3_runtime.device import release_memory
 from qwen3_runtime.engine_setup import build_engine
-from qwen3_runtime.loader import read_sampling_defaults
+from qwen3_runtime.models.hf_config import read_sampling_defaults
 from qwen3_runtime.packed_rows import build_latest
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate, Status

@@ -15,6 +15,19 @@ class ConfigError(ValueError):
     """A bad configuration value; the message names the dotted YAML key."""
 
 
+# Sizes and counts fit int32, which the kernels index with.
+MAX_SIZE = 2**31 - 1
+
+
+def bounds(lo: float | None = None, hi: float | None = None, lo_open: bool = False) -> dict:
+    """A field's metadata: the range `build` checks its value against."""
+    return {"lo": lo, "hi": hi, "lo_open": lo_open}
+
+
+def size_bounds(lo: int) -> dict:
+    return bounds(lo, MAX_SIZE)
+
+
 def build(cls: type, raw: Any, prefix: str = "") -> Any:
     """`cls` from a mapping: unknown or missing keys, wrong types and values out of a field's range
     (its metadata: lo, hi, lo_open) are ConfigErrors naming `prefix` + the key."""

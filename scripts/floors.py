@@ -4,7 +4,7 @@ its matmuls and attention."""
 from __future__ import annotations
 
 from qwen3_runtime.config import ArchitectureConfig
-from qwen3_runtime.model import Qwen3ForCausalLM
+from qwen3_runtime.models.qwen3 import Qwen3ForCausalLM
 
 
 def weight_bytes(model: Qwen3ForCausalLM) -> int:

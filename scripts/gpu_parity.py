@@ -15,8 +15,8 @@ import torch
 
 from qwen3_runtime.config import ModelConfig, load_config
 from qwen3_runtime.kv_cache import allocate_kv_cache
+from qwen3_runtime.layers.attention import AttentionMetadata
 from qwen3_runtime.loader import load_model
-from qwen3_runtime.model import AttentionMetadata
 from qwen3_runtime.ops.prefill_attention import PrefillPlan
 from scripts.hf_reference import random_hf_model
 from scripts.report import environment

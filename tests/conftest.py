@@ -1,4 +1,6 @@
+import json
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,6 +67,21 @@ def make_checkpoint(tmp_path_factory) -> Callable[..., Path]:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(make_checkpoint) -> Path:
     return make_checkpoint()
+
+
+@pytest.fixture
+def copy_checkpoint(tmp_path_factory) -> Callable[..., Path]:
+    """copy_checkpoint(checkpoint, **config_edits) -> a copy whose config.json has the edits (None deletes a key)."""
+
+    def copy(checkpoint: Path, **config_edits) -> Path:
+        path = tmp_path_factory.mktemp("edited") / "ckpt"
+        shutil.copytree(checkpoint, path)
+        config = json.loads((path / "config.json").read_text())
+        config.update(config_edits)
+        (path / "config.json").write_text(json.dumps({k: v for k, v in config.items() if v is not None}))
+        return path
+
+    return copy
 
 
 @pytest.fixture

@@ -44,7 +44,7 @@ def pdl_launch(t: torch.Tensor) -> dict:
     tiles, before its last split merges, or at its start when o_proj preloads its weights,
     ops/linear_preload.py); gate/up at up to 8 rows (down_proj requests its first weight tiles early,
     ops.linear.mlp_partials); and qkv (the attention inputs and the kernels they let launch are resident
-    while it streams, model.py)."""
+    while it streams, layers/attention.py)."""
     on = not TRITON_INTERPRET and _hopper_or_later(t.device)
     return {"USE_PDL": on, **({"launch_pdl": True} if on else {})}
 

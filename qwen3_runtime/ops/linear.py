@@ -233,7 +233,7 @@ def linear(
     x: torch.Tensor, weight: torch.Tensor, dependents_early: bool = False, invariant: bool = False
 ) -> torch.Tensor:
     """x [T, K] @ weight[N, K]^T -> [T, N] in x's dtype. dependents_early: let the next kernel launch as this
-    one starts, not as it ends (qkv, before the attention inputs' one-warp programs: see model.py)."""
+    one starts, not as it ends (qkv, before the attention inputs' one-warp programs: see layers/attention.py)."""
     if not _skinny(x, invariant):
         return _dense(x, weight, invariant)
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)

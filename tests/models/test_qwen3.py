@@ -6,8 +6,8 @@ import torch
 from qwen3_runtime import ops
 from qwen3_runtime.config import ModelConfig
 from qwen3_runtime.kv_cache import allocate_kv_cache
+from qwen3_runtime.layers.attention import AttentionMetadata
 from qwen3_runtime.loader import load_model
-from qwen3_runtime.model import AttentionMetadata
 from qwen3_runtime.ops.prefill_attention import PrefillPlan
 
 # YaRN over an original context of 16 positions at theta 10,000: the prompt runs past it, and the ramp between kept

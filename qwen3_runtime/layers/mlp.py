@@ -1,0 +1,32 @@
+"""The dense feed-forward block. A feed-forward block's contract: forward(x [T, hidden], invariant) returns
+[S, T, hidden] partial sums, which the next norm adds (ops/norms.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from qwen3_runtime.layers.build import LayerBuild
+from qwen3_runtime.layers.linear import UnquantizedWeight
+from qwen3_runtime.layers.loading import Route, part_routes, routes
+
+
+class DenseMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate and up fused into one projection."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int, build: LayerBuild) -> None:
+        super().__init__()
+        self.gate_up_proj = UnquantizedWeight(hidden_size, (intermediate_size, intermediate_size), build)
+        self.down_proj = UnquantizedWeight(intermediate_size, (hidden_size,), build)
+
+    def checkpoint_routes(self) -> Iterator[tuple[str, Route]]:
+        """The checkpoint's gate and up projections are the two parts of gate_up_proj."""
+        yield from part_routes(self.gate_up_proj, "gate_proj", 0)
+        yield from part_routes(self.gate_up_proj, "up_proj", 1)
+        yield from routes(self.down_proj, "down_proj.")
+
+    def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+        """down_proj as [S, T, hidden] partial sums, like Attention's output."""
+        return self.gate_up_proj.gated_partials(self.down_proj, x, invariant=invariant)
