@@ -12,6 +12,20 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def edge_rows(vocab: int, gen: torch.Generator, ties: int = 3, minus_inf_share: float = 0.5) -> list[torch.Tensor]:
+    """The rows every sampling and logprobs test starts from, drawn from `gen` in this order: plain, ties everywhere
+    (integers in [-ties, ties)), a share of -inf, zeros of both signs, huge but finite."""
+    return [
+        torch.randn(vocab, generator=gen) * 3,
+        torch.randint(-ties, ties, (vocab,), generator=gen).float(),
+        torch.randn(vocab, generator=gen).masked_fill(
+            torch.rand(vocab, generator=gen) < minus_inf_share, float("-inf")
+        ),
+        torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0),
+        (torch.rand(vocab, generator=gen) * 2 - 1) * 3e38,
+    ]
+
+
 def _write_checkpoint(
     path: Path,
     *,

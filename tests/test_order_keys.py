@@ -2,6 +2,7 @@ import pytest
 import torch
 
 from qwen3_runtime.order_keys import order_keys_reference, top_ids
+from tests.conftest import edge_rows
 
 
 def test_order_keys_order_as_the_stable_sort():
@@ -16,11 +17,7 @@ def test_top_ids_are_the_stable_sorts_first_k(vocab):
     in the last, maybe partial block); k from 1 to past the number of blocks and to V."""
     gen = torch.Generator().manual_seed(vocab)
     rows = [
-        torch.randn(vocab, generator=gen) * 3,
-        torch.randint(-2, 2, (vocab,), generator=gen).float(),
-        torch.randn(vocab, generator=gen).masked_fill(torch.rand(vocab, generator=gen) < 0.95, float("-inf")),
-        torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0),
-        (torch.rand(vocab, generator=gen) * 2 - 1) * 3e38,
+        *edge_rows(vocab, gen, ties=2, minus_inf_share=0.95),
         torch.arange(vocab, dtype=torch.float32) // 3,
     ]
     for k in sorted({1, 2, 20, vocab // 128 + 1, vocab} & set(range(1, vocab + 1))):

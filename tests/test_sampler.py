@@ -18,6 +18,7 @@ from qwen3_runtime.sampler import (
     sample_reference,
     sample_selected,
 )
+from tests.conftest import edge_rows
 
 
 @pytest.fixture(autouse=True)
@@ -308,11 +309,7 @@ def test_selection_on_the_cpu_samples_and_writes_as_the_sort(vocab):
     the cap, top-p alone (several rows, some taking more than one round) and neither."""
     gen = torch.Generator().manual_seed(vocab)
     rows = [
-        torch.randn(vocab, generator=gen) * 3,
-        torch.randint(-3, 3, (vocab,), generator=gen).float(),
-        torch.randn(vocab, generator=gen).masked_fill(torch.rand(vocab, generator=gen) < 0.5, float("-inf")),
-        torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0),
-        (torch.rand(vocab, generator=gen) * 2 - 1) * 3e38,
+        *edge_rows(vocab, gen),
         torch.randn(vocab, generator=gen).index_fill(0, torch.tensor([vocab // 3]), float("nan")),
         torch.randn(vocab, generator=gen).index_fill(0, torch.tensor([7]), float("inf")),
         torch.full((vocab,), float("-inf")),

@@ -17,6 +17,7 @@ from qwen3_runtime.sampler import (
     processed_logits,
     sample_reference,
 )
+from tests.conftest import edge_rows
 
 VOCAB = 151_936
 NEAR_TIE = 1e-5
@@ -27,11 +28,7 @@ def _rows(vocab: int, gen: torch.Generator) -> torch.Tensor:
     """Random rows; ties everywhere; half -inf; zeros of both signs; huge but finite; a NaN; one block holding
     the whole top; a top spread one per block; plain random rows for the greedy and unfiltered cases; +inf."""
     rows = [
-        torch.randn(vocab, generator=gen) * 3,
-        torch.randint(-3, 3, (vocab,), generator=gen).float(),
-        torch.randn(vocab, generator=gen).masked_fill(torch.rand(vocab, generator=gen) < 0.5, float("-inf")),
-        torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0),
-        (torch.rand(vocab, generator=gen) * 2 - 1) * 3e38,
+        *edge_rows(vocab, gen),
         torch.randn(vocab, generator=gen).index_fill(0, torch.tensor([vocab // 3, vocab - 1]), float("nan")),
         torch.randn(vocab, generator=gen).index_fill(0, torch.arange(BLOCK, 2 * BLOCK), 9.0),
         torch.randn(vocab, generator=gen).index_fill(0, torch.arange(0, vocab, BLOCK), 9.0),

@@ -14,6 +14,7 @@ from qwen3_runtime.sampler import (
     processed_logits,
     sample_reference,
 )
+from tests.conftest import edge_rows
 
 VOCAB = 151_936
 NEAR_TIE = 1e-5
@@ -25,11 +26,7 @@ def _rows(vocab: int, gen: torch.Generator) -> torch.Tensor:
     row and a +inf row (not flagged: their status fails them); plain rows for min-p, tiny and near-1 top-p."""
     rows = [
         torch.randn(vocab, generator=gen) * 0.3,
-        torch.randn(vocab, generator=gen) * 3,
-        torch.randint(-3, 3, (vocab,), generator=gen).float(),
-        torch.randn(vocab, generator=gen).masked_fill(torch.rand(vocab, generator=gen) < 0.5, float("-inf")),
-        torch.where(torch.rand(vocab, generator=gen) < 0.5, -0.0, 0.0),
-        (torch.rand(vocab, generator=gen) * 2 - 1) * 3e38,
+        *edge_rows(vocab, gen),
         torch.randn(vocab, generator=gen).index_fill(0, torch.tensor([vocab // 3]), float("nan")),
         torch.randn(vocab, generator=gen).index_fill(0, torch.tensor([7]), float("inf")),
         torch.randn(vocab, generator=gen),
