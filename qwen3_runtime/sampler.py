@@ -134,7 +134,8 @@ def _keep_top_k(values: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) 
     ids = top_ids(values, min(int(top_k), values.numel()))
     kept = ids[: int(kept_prefix(values[ids][None], top_k, top_p))]
     kept_values = values[kept]
-    values.fill_(float("-inf"))[kept] = kept_values
+    values.fill_(float("-inf"))
+    values[kept] = kept_values
 
 
 def filter_cutoffs(logits: torch.Tensor, params: SamplingTensors, peak: torch.Tensor) -> torch.Tensor:
