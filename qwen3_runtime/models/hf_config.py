@@ -118,7 +118,11 @@ def parse_rope(hf: Mapping[str, Any]) -> dict[str, Any]:
     rope, raw = _rope(hf), {}
     if "rope_theta" in rope:
         raw["rope_theta"] = rope["rope_theta"]
-    if rope_type(hf) not in (None, "default"):
+    if rope_type(hf) in (None, "default"):  # the default type has only a theta: another key would change it
+        extra = sorted(k for k, v in rope.items() if k not in ("type", "rope_type", "rope_theta") and v is not None)
+        if extra:
+            raise ConfigError(f"unknown config key rope_parameters.{extra[0]} (the default rope type takes rope_theta)")
+    else:
         scaling = {k: v for k, v in rope.items() if k not in ("type", "rope_theta") and v is not None}
         if "truncate" in rope and rope["truncate"] is None:  # but transformers and vLLM test truncate's truth
             scaling["truncate"] = False

@@ -90,7 +90,10 @@ class Qwen3Config:
         """The shape from config.json (its keys checked by hf_config.check_keys): absent keys take transformers'
         defaults, head_dim hidden_size / num_attention_heads when null."""
         raw = {k: v for k, v in hf.items() if k in cls.__dataclass_fields__ and k != "rope_scaling"}
-        raw.update(parse_rope(hf))
+        try:
+            raw.update(parse_rope(hf))
+        except ConfigError as e:
+            raise ConfigError(f"{where}: {e}") from None
         for key, value in _HF_DEFAULTS.items():  # absent (not null)
             raw.setdefault(key, value)
         if raw.get("head_dim") is None:

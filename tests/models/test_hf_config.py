@@ -102,6 +102,11 @@ def test_yarn_null_truncate_does_not_truncate_as_in_transformers(tiny_checkpoint
         ({"model_type": "llama"}, ["model_type='llama'", "qwen3"]),
         ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e6}}, ["missing config key rope_scaling.factor"]),
         ({"rope_parameters": {"type": "dynamic", "factor": 2.0}}, ["rope_type='dynamic'", "'yarn'"]),
+        ({"rope_parameters": {"rope_type": "default", "factor": 2.0}}, ["rope_parameters.factor"]),
+        (
+            {"rope_parameters": {"rope_theta": 1e6, "partial_rotary_factor": 0.5}},
+            ["rope_parameters.partial_rotary_factor"],
+        ),
         (
             {"rope_parameters": {"rope_type": "yarn", "factor": 2, "original_max_position_embeddings": 8, "mscale": 1}},
             ["unknown config key rope_scaling.mscale"],
