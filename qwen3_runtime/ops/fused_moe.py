@@ -133,7 +133,7 @@ def _rows(
     args = dict(
         SORTED=config.sorted,
         COMPACT=pairs < num_experts,
-        CHUNK=min(triton.next_power_of_2(pairs), max(16, SCAN_COMPARES // config.block_m)),
+        CHUNK=max(16, SCAN_COMPARES // config.block_m),
         BLOCK_E=block_e,
         CHUNK_E=max(16, SCAN_COMPARES // block_e),
     )

@@ -135,7 +135,7 @@ def _gate_up_tile(
     tl.store(out, act.to(dtype), mask=(rows[:, None] >= 0) & (out_cols[None, :] < inter))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])  # one compiled kernel for every token count
 def gate_up_kernel(
     x_ptr, w_ptr, ids_ptr, order_ptr, table_ptr, act_ptr,
     num_pairs, num_experts, top_k, inter, K, num_blocks, stride_x, stride_we, stride_wn, stride_act,
@@ -195,7 +195,7 @@ def _down_tile(
         tl.store(out, acc * weight[:, None], mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def down_kernel(
     act_ptr, w_ptr, ids_ptr, weights_ptr, order_ptr, table_ptr, out_ptr,
     num_pairs, num_experts, top_k, N, K, num_blocks, stride_act, stride_we, stride_wn, stride_slot,
