@@ -48,7 +48,7 @@ SMEM_BYTES = 200 * 1024  # what a program's pipeline buffers may take (Hopper: 2
 
 def candidates(tokens: int, num_experts: int, top_k: int, n: int) -> list[MoeConfig]:
     """Scan tiles of 16 rows (32 once an expert averages 4 rows) over narrow to wide column tiles and long K-tiles;
-    sorted tiles whose block_m is at most four times the rows an expert averages."""
+    sorted tiles whose block_m is between half and four times the rows an expert averages (64 suffices for any)."""
     pairs = tokens * top_k
     per_expert = triton.next_power_of_2(triton.cdiv(pairs, num_experts))
     found = []
@@ -58,7 +58,7 @@ def candidates(tokens: int, num_experts: int, top_k: int, n: int) -> list[MoeCon
                 found.append(MoeConfig(False, block_m, block_n, block_k, 4, stages))
     if tokens >= SORTED_MIN_TOKENS:
         for block_m, block_n, block_k, warps, stages in SORTED_TILES:
-            if block_m <= max(16, 4 * per_expert):
+            if min(64, per_expert // 2) <= block_m <= max(16, 4 * per_expert):
                 found.append(MoeConfig(True, block_m, block_n, block_k, warps, stages, group_m=8))
     return [
         c

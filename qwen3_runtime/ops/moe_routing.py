@@ -37,7 +37,7 @@ def _route_kernel(
     row = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     in_row = experts < num_experts
-    logits = tl.load(logits_ptr + row * stride_row + experts, mask=in_row, other=float("-inf"))
+    logits = tl.load(logits_ptr + row * stride_row + experts, mask=in_row, other=float("-inf")).to(tl.float32)
     exps = tl.exp(logits - tl.max(logits, axis=0))
     probs = exps / tl.sum(tl.where(in_row, exps, 0.0), axis=0)
     bits = probs.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
@@ -65,12 +65,13 @@ def _route_kernel(
 def route(
     router_logits: torch.Tensor, valid: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits [T, E] fp32, valid [T] bool (False: a padded row) -> expert ids [T, k] int32 (E where not
-    valid) and their weights [T, k] fp32 (0 where not valid), each row's in descending weight."""
+    """router_logits [T, E] fp32 (bf16 or fp16 are taken in fp32), valid [T] bool (False: a padded row) -> expert
+    ids [T, k] int32 (E where not valid) and their weights [T, k] fp32 (0 where not valid), each row's in descending
+    weight."""
     if not use_triton(router_logits):
         return route_reference(router_logits, valid, top_k, renormalize)
     tokens, num_experts = router_logits.shape
-    assert router_logits.dtype == torch.float32 and router_logits.stride(1) == 1 and valid.dtype == torch.bool
+    assert router_logits.is_floating_point() and router_logits.stride(1) == 1 and valid.dtype == torch.bool
     assert 0 < top_k <= num_experts <= ID_MASK.value and valid.shape == (tokens,)
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=router_logits.device)
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=router_logits.device)

@@ -32,6 +32,15 @@ def test_route_matches_the_reference(num_experts, top_k, renormalize):
     torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-7)
 
 
+def test_bf16_logits_are_taken_in_fp32():
+    logits = torch.randn(5, 64, generator=torch.Generator().manual_seed(2)).bfloat16()
+    valid = torch.ones(5, dtype=torch.bool)
+    ids, weights = route(logits, valid, 8, True)
+    ref_ids, ref_weights = route_reference(logits, valid, 8, True)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-7)
+
+
 def test_equal_logits_route_to_the_lowest_ids():
     ids, weights = route(torch.zeros(2, 16), torch.ones(2, dtype=torch.bool), 4, False)
     assert ids.tolist() == [[0, 1, 2, 3]] * 2
