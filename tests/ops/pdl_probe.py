@@ -23,13 +23,16 @@ from qwen3_runtime.logprobs import reduce
 from qwen3_runtime.ops import (
     attention_inputs,
     decode_attention,
+    fused_moe,
     greedy,
     gumbel_sample,
     linear,
     linear_preload,
     logprob_reduce,
+    moe_routing,
     norms,
 )
+from qwen3_runtime.ops.moe_config import default_config
 
 KERNELS = {
     linear: ["_skinny_gemm_kernel"],
@@ -40,6 +43,8 @@ KERNELS = {
     attention_inputs: ["_attention_inputs_kernel"],
     decode_attention: ["_decode_attention_kernel"],
     logprob_reduce: ["chunk_stats_kernel", "finish_rows_kernel"],
+    moe_routing: ["_route_kernel"],
+    fused_moe: ["gate_up_kernel", "down_kernel"],
 }
 TYPES = {
     torch.bfloat16: "bf16",
@@ -64,7 +69,7 @@ class Recorder:
 
 
 def run_ops() -> None:
-    for module in (linear, greedy, norms, attention_inputs, decode_attention, reduce, sampler):
+    for module in (linear, greedy, norms, attention_inputs, decode_attention, reduce, sampler, moe_routing, fused_moe):
         module.use_triton = lambda t: True
     for module, names in KERNELS.items():
         for name in names:
@@ -105,6 +110,10 @@ def run_ops() -> None:
         dim**-0.5,
         num_splits=2,
     )
+    ids, weights = moe_routing.route(torch.randn(2, 8), torch.tensor([True, False]), 2, True)
+    experts = (x, torch.randn(8, 128, 256, **bf16), torch.randn(8, 256, 64, **bf16), ids, weights)
+    fused_moe.fused_moe(*experts)  # the scan path
+    fused_moe.fused_moe_with(*experts, *[default_config(4096, 2)] * 2)  # the sorted path
     reduce.reduce_logprobs(
         torch.randn(2, 5000),
         torch.tensor([1, 2]),

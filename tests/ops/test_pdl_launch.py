@@ -41,6 +41,9 @@ EXPECTED = {
     "_decode_attention_kernel",
     "chunk_stats_kernel",
     "finish_rows_kernel",
+    "_route_kernel",
+    "gate_up_kernel",
+    "down_kernel",
 }
 
 

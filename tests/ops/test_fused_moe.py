@@ -1,0 +1,153 @@
+"""The expert kernels (Triton in the interpreter on the CPU) against their reference, on both ways of finding an
+expert's rows, with every output poisoned until written and every unrouted expert's weights NaN."""
+
+import json
+
+import pytest
+import torch
+
+from qwen3_runtime.ops import fused_moe as fused_moe_module
+from qwen3_runtime.ops import moe_config
+from qwen3_runtime.ops.fused_moe import fused_moe, fused_moe_reference, fused_moe_with, group_by_expert
+from qwen3_runtime.ops.moe_config import INVARIANT_CONFIG, MoeConfig, default_config, lookup, tuned_config
+
+# Small tiles, so the interpreter's cases span several row blocks, column tiles and K-tiles (ragged ones too).
+SCAN = MoeConfig(sorted=False, block_m=16, block_n=32, block_k=32)
+SORTED = MoeConfig(sorted=True, block_m=16, block_n=32, block_k=32, group_m=2)
+
+
+def _case(tokens, num_experts, top_k, hidden, inter, dtype, padded=(), seed=0):
+    """Random x and weights, each token routed to k distinct random experts (rows in `padded` to expert E, their x
+    NaN); every expert no pair reaches has NaN weights, which must never reach the output."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randn(tokens, hidden, generator=gen).to(dtype)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden, generator=gen) * hidden**-0.5).to(dtype)
+    w2 = (torch.randn(num_experts, hidden, inter, generator=gen) * inter**-0.5).to(dtype)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(tokens)]).int()
+    weights = torch.rand(tokens, top_k, generator=gen)
+    padded = list(padded)
+    ids[padded], weights[padded], x[padded] = num_experts, 0.0, float("nan")
+    unrouted = torch.ones(num_experts, dtype=torch.bool)
+    unrouted[ids[ids < num_experts].long()] = False
+    w13[unrouted], w2[unrouted] = float("nan"), float("nan")
+    return x, w13, w2, ids, weights
+
+
+@pytest.fixture
+def poisoned(monkeypatch):
+    """The kernels' outputs and intermediates start as NaN, so an element left unwritten shows."""
+    empty = torch.empty
+    monkeypatch.setattr(fused_moe_module.torch, "empty", lambda *a, **kw: empty(*a, **kw).fill_(float("nan")))
+
+
+def _check(out, x, w13, w2, ids, weights, dtype):
+    ref = fused_moe_reference(x, w13, w2, ids, weights)
+    assert out.shape == (ids.shape[1], x.shape[0], x.shape[1]) and out.dtype == torch.float32
+    assert not out.isnan().any()
+    padded = ids == w13.shape[0]
+    assert (out.transpose(0, 1)[padded] == 0).all()
+    # bf16: gate, up and act are rounded to bf16, and a different fp32 sum can round the other way.
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0.05, atol=0.05)
+    torch.testing.assert_close(out, ref, **tol)
+
+
+@pytest.mark.parametrize("config", [SCAN, SORTED], ids=["scan", "sorted"])
+@pytest.mark.parametrize(
+    "tokens,num_experts,top_k,hidden,inter,padded",
+    [
+        (3, 8, 2, 64, 32, (0,)),  # fewer pairs than experts: scan programs take the experts present
+        (20, 4, 4, 48, 40, (5, 19)),  # k = E; more rows per expert than a tile (18 > 16); ragged K and N
+        (5, 1, 1, 32, 32, ()),  # one expert
+        (40, 8, 2, 64, 48, (1,)),  # more pairs than experts: a scan program per expert
+        (4, 60, 8, 32, 32, (2,)),  # E not a power of two, most experts without a token
+        (3, 128, 8, 32, 16, (1,)),  # Qwen3-30B-A3B's routing at a few tokens
+    ],
+)
+def test_kernels_match_the_reference(poisoned, config, tokens, num_experts, top_k, hidden, inter, padded):
+    case = _case(tokens, num_experts, top_k, hidden, inter, torch.float32, padded, seed=tokens * num_experts)
+    _check(fused_moe_with(*case, config, config), *case, torch.float32)
+
+
+@pytest.mark.parametrize("gate_up,down", [(SCAN, SORTED), (SORTED, SCAN)], ids=["scan-sorted", "sorted-scan"])
+def test_bf16_and_each_kernel_its_own_path(poisoned, gate_up, down):
+    case = _case(9, 16, 4, 64, 48, torch.bfloat16, padded=(3,))
+    _check(fused_moe_with(*case, gate_up, down), *case, torch.bfloat16)
+
+
+def test_every_pair_padded(poisoned):
+    case = _case(4, 8, 2, 32, 32, torch.float32, padded=range(4))
+    for config in (SCAN, SORTED):
+        assert torch.equal(fused_moe_with(*case, config, config), torch.zeros(2, 4, 32))
+
+
+def test_fused_moe_takes_the_default_configuration_and_the_reference_without_triton(monkeypatch):
+    case = _case(6, 8, 2, 64, 32, torch.float32, padded=(2,))
+    _check(fused_moe(*case), *case, torch.float32)
+    _check(fused_moe(*case, invariant=True), *case, torch.float32)
+    monkeypatch.setattr(fused_moe_module, "use_triton", lambda t: False)
+    _check(fused_moe(*case), *case, torch.float32)
+
+
+def test_invariant_mode_takes_one_configuration_at_every_token_count(monkeypatch):
+    seen = []
+    monkeypatch.setattr(fused_moe_module, "fused_moe_with", lambda *args: seen.append(args[-2:]))
+    for tokens in (1, 8, 300, 5000):
+        case = _case(tokens, 4, 2, 16, 16, torch.float32)
+        fused_moe(*case, invariant=True)
+    assert seen == [(INVARIANT_CONFIG, INVARIANT_CONFIG)] * 4
+
+
+def test_grouping_by_expert_covers_every_pair_once():
+    gen = torch.Generator().manual_seed(5)
+    num_experts, block_m = 10, 4
+    ids = torch.randint(0, num_experts + 1, (37,), generator=gen, dtype=torch.int32)  # E: padded rows' pairs
+    ids[:9] = 3  # an expert over several blocks
+    order, table = group_by_expert(ids, num_experts, block_m)
+    expert, first, end = table.long()
+    used = expert <= num_experts
+    assert (expert[~used] == num_experts + 1).all() and used.sum() == sum(
+        -(-int((ids == e).sum()) // block_m) for e in range(num_experts + 1)
+    )
+    covered = []
+    for e, a, b in zip(expert[used].tolist(), first[used].tolist(), end[used].tolist()):
+        rows = order[a : min(b, a + block_m)].long()
+        assert len(rows) > 0 and (ids[rows] == e).all()
+        covered += rows.tolist()
+    assert sorted(covered) == list(range(len(ids)))
+
+
+def test_tuned_configurations_come_from_the_file_by_token_count(tmp_path):
+    path = tmp_path / moe_config.config_file_name(128, 1536, 2048, 8, torch.bfloat16, "NVIDIA_H100_80GB_HBM3")
+    assert path.name == "E=128,N=1536,K=2048,top_k=8,dtype=bfloat16,device=NVIDIA_H100_80GB_HBM3.json"
+    assert tuned_config(path, 4) is None  # no file
+    small, large = SCAN._replace(block_n=64), SORTED._replace(block_m=128)
+    path.write_text(json.dumps({"1": SCAN._asdict(), "8": small._asdict(), "4096": large._asdict()}))
+    picks = [tuned_config(path, tokens) for tokens in (1, 2, 8, 9, 4096, 10000)]
+    assert picks == [SCAN, small, small, large, large, large]  # the smallest count at least T, else the largest
+
+
+def test_lookup_defaults_without_a_file():
+    weight = torch.empty(8, 64, 32)
+    assert lookup(weight, 3, 2) == default_config(3, 2) and not default_config(3, 2).sorted
+    assert default_config(4096, 8).sorted
+    assert lookup(weight, 3, 2, invariant=True) == INVARIANT_CONFIG
+
+
+def test_shipped_configuration_files_parse():
+    for path in moe_config.CONFIG_DIR.glob("*.json"):
+        assert tuned_config(path, 1) is not None, path
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (the interpreter's dot is numpy's)")
+def test_on_the_gpu_bf16_paths_agree_and_invariant_bits_do_not_depend_on_the_batch():
+    dev = "cuda"
+    x, w13, w2, ids, weights = (t.to(dev) for t in _case(300, 128, 8, 256, 128, torch.bfloat16, padded=(7,)))
+    ref = fused_moe_reference(x, w13, w2, ids, weights)
+    for config in (default_config(4, 8), default_config(4096, 8), INVARIANT_CONFIG):
+        out = fused_moe_with(x, w13, w2, ids, weights, config, config)
+        assert not out.isnan().any() and (out - ref).abs().max() <= 0.05 * ref.abs().max()
+    whole = fused_moe(x, w13, w2, ids, weights, invariant=True)
+    for t in (0, 7, 150, 299):
+        alone = fused_moe(x[t : t + 1], w13, w2, ids[t : t + 1], weights[t : t + 1], invariant=True)
+        assert torch.equal(alone[:, 0], whole[:, t])
