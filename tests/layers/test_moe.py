@@ -76,3 +76,22 @@ def test_output_is_the_weighted_experts_and_padded_rows_route_nowhere(top_k, ren
     assert ids.dtype == torch.int32 and (ids[~real] == EXPERTS).all() and (ids[real] < EXPERTS).all()
     assert (weights[~real] == 0).all() and (out[:, ~real] == 0).all()
 
+
+def test_a_checkpoints_experts_land_in_their_stacks(tiny_moe_checkpoint):
+    """Every tensor transformers writes has a route, and each expert's projections are its rows of w13 and w2."""
+    from safetensors.torch import load_file
+
+    from qwen3_runtime.config import ModelConfig
+    from qwen3_runtime.loader import load_model
+
+    model = load_model(ModelConfig(path=str(tiny_moe_checkpoint)), torch.device("cpu"), torch.float32)
+    tensors = load_file(tiny_moe_checkpoint / "model.safetensors")
+    assert set(dict(routes(model))) == set(tensors)
+    block = model.model.layers[2].mlp
+    name = "model.layers.2.mlp.{}.weight".format
+    assert torch.equal(block.gate.weight, tensors[name("gate")])
+    for e in range(block.experts.num_experts):
+        gate, up = block.experts.w13_weight[e].chunk(2)
+        assert torch.equal(gate, tensors[name(f"experts.{e}.gate_proj")])
+        assert torch.equal(up, tensors[name(f"experts.{e}.up_proj")])
+        assert torch.equal(block.experts.w2_weight[e], tensors[name(f"experts.{e}.down_proj")])
