@@ -3,6 +3,7 @@ from YAML (a union with the dense shape), and which layers are sparse."""
 
 import dataclasses
 import json
+import re
 
 import pytest
 
@@ -41,27 +42,25 @@ def test_absent_keys_take_transformers_defaults(tiny_moe_checkpoint, copy_checkp
 
 
 @pytest.mark.parametrize(
-    "edits, words",
+    "edits, message",
     [
-        ({"num_experts": 7}, ["num_experts=7 and num_local_experts=8 differ"]),
-        ({"num_experts_per_tok": 9}, ["num_experts_per_tok=9 is out of range: must be <= num_experts=8"]),
-        ({"num_local_experts": 0}, ["num_experts=0 is out of range"]),
-        ({"moe_intermediate_size": 0}, ["moe_intermediate_size=0 is out of range"]),
-        ({"decoder_sparse_step": 0}, ["decoder_sparse_step=0 is out of range"]),
-        ({"mlp_only_layers": [3]}, ["mlp_only_layers=[3] is out of range", "[0, 3) (num_hidden_layers)"]),
-        ({"mlp_only_layers": [-1]}, ["mlp_only_layers=[-1] is out of range"]),
-        ({"num_local_experts": None}, ["missing config key num_experts"]),
-        ({"shared_expert_intermediate_size": 64}, ["shared_expert_intermediate_size is not honoured by the qwen3_moe"]),
-        ({"hidden_act": "gelu"}, ["hidden_act='gelu'"]),
-        ({"architectures": ["Qwen3ForCausalLM"]}, ["architectures=", "'Qwen3MoeForCausalLM'"]),
+        ({"num_experts": 7}, "num_experts=7 and num_local_experts=8 differ"),
+        ({"num_experts_per_tok": 9}, "num_experts_per_tok=9 is out of range: must be <= num_experts=8"),
+        ({"num_local_experts": 0}, "num_experts=0 is out of range"),
+        ({"moe_intermediate_size": 0}, "moe_intermediate_size=0 is out of range"),
+        ({"decoder_sparse_step": 0}, "decoder_sparse_step=0 is out of range"),
+        ({"mlp_only_layers": [3]}, "mlp_only_layers=[3] is out of range: each index must be in [0, 3) (num_hidden_"),
+        ({"mlp_only_layers": [-1]}, "mlp_only_layers=[-1] is out of range"),
+        ({"num_local_experts": None}, "missing config key num_experts"),
+        ({"shared_expert_intermediate_size": 64}, "shared_expert_intermediate_size is not honoured by the qwen3_moe"),
+        ({"hidden_act": "gelu"}, "hidden_act='gelu' is not supported"),
+        ({"architectures": ["Qwen3ForCausalLM"]}, "(supported: 'Qwen3MoeForCausalLM')"),
     ],
 )
-def test_bad_or_unsupported_config_json_names_the_key(tiny_moe_checkpoint, copy_checkpoint, edits, words):
-    path = copy_checkpoint(tiny_moe_checkpoint, **edits)
-    with pytest.raises(ConfigError) as err:
-        read_architecture(path)
-    for word in [str(path / "config.json"), *words]:
-        assert word in str(err.value), (word, str(err.value))
+def test_bad_or_unsupported_config_json_is_named(tiny_moe_checkpoint, copy_checkpoint, edits, message):
+    path = copy_checkpoint(tiny_moe_checkpoint, **edits) / "config.json"
+    with pytest.raises(ConfigError, match=f"^{re.escape(str(path))}: .*{re.escape(message)}"):
+        read_architecture(path.parent)
 
 
 def test_training_only_keys_are_accepted(tiny_moe_checkpoint, copy_checkpoint):
