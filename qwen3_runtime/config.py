@@ -9,14 +9,16 @@ from typing import Any, Literal
 import yaml
 
 from qwen3_runtime.models.qwen3_config import Qwen3Config
+from qwen3_runtime.models.qwen3_moe_config import Qwen3MoeConfig
 from qwen3_runtime.params import SamplingParams
 from qwen3_runtime.typed_config import MAX_SIZE, ConfigError, bounds, build, size_bounds
 
 # Seeds fit int64, as torch's generators take them.
 MAX_SEED = 2**63 - 1
 
-# The type of model.architecture: the dense family's shape (its importers keep this name).
-ArchitectureConfig = Qwen3Config
+# The type of model.architecture: a family's shape. A YAML mapping builds the one whose keys it uses (num_experts:
+# Qwen3-MoE's), each family's shape a Qwen3Config (typed_config._closest).
+ArchitectureConfig = Qwen3Config | Qwen3MoeConfig
 
 
 @dataclass(frozen=True)

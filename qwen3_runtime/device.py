@@ -111,16 +111,24 @@ def allocations_sized_by_config(device: torch.device) -> Iterator[None]:
 
 
 def check_weights_fit(num_bytes: int, device: torch.device, dtype: torch.dtype) -> None:
-    """A clear error instead of an out-of-memory kill when the weights alone exceed free memory."""
+    """A clear error instead of an out-of-memory kill when the weights alone exceed free memory: what they need, what
+    is available, what would fit and what can be done today."""
     free = available_memory(device)
-    if free is not None and num_bytes > free:
-        held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-        ours = f" ({held / _GIB:.1f} GiB more hold this process's tensors: close() a Runtime no longer used)"
-        raise ConfigError(
-            f"the model's weights need {num_bytes / _GIB:.1f} GiB in {str(dtype).removeprefix('torch.')} "
-            f"(model.dtype) but {device} has {free / _GIB:.1f} GiB available{ours if held else ''}: use a smaller "
-            "model, a 16-bit model.dtype, or a GPU"
-        )
+    if free is None or num_bytes <= free:
+        return
+    held = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    ours = f" ({held / _GIB:.1f} GiB more hold this process's tensors: close() a Runtime no longer used)"
+    name = str(dtype).removeprefix("torch.")
+    remedies = ["a smaller model"]
+    if dtype.itemsize > 2:
+        remedies.append(f"a 16-bit model.dtype ({num_bytes / dtype.itemsize * 2 / _GIB:.1f} GiB)")
+    remedies.append("a GPU" if device.type == "cpu" else "a GPU with more memory")
+    raise ConfigError(
+        f"the model's weights need {num_bytes / _GIB:.1f} GiB in {name} (model.dtype) but {device} has "
+        f"{free / _GIB:.1f} GiB available{ours if held else ''}, which holds about {free / dtype.itemsize / 1e9:.1f}B "
+        f"parameters in {name}: use {', '.join(remedies[:-1])} or {remedies[-1]} (FP8 weights and splitting a model "
+        "over several GPUs are not supported yet)"
+    )
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from pathlib import Path
 
 import torch
@@ -35,13 +34,19 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qw
 
 
 def _weight_bytes(model_cls: type[Qwen3ForCausalLM], arch: ArchitectureConfig, build: LayerBuild) -> int:
-    """The model's weight bytes (tied embeddings once), from a one-layer copy on the meta device: counted before any
-    layer is built, so a shape far too large is refused at once."""
+    """The model's weight bytes (tied embeddings once), from a copy with one layer of each kind (a MoE model's sparse
+    and dense layers differ) on the meta device: counted before any layer is built, so a shape far too large is
+    refused at once."""
+    sample, counts = arch.layer_samples()
     with torch.device("meta"):
-        one = model_cls(dataclasses.replace(arch, num_hidden_layers=1), build)
+        model = model_cls(sample, build)
     tied = arch.tie_word_embeddings
-    nbytes = sum(p.nbytes for name, p in one.named_parameters() if not (tied and name == "lm_head.weight"))
-    return nbytes + (arch.num_hidden_layers - 1) * sum(p.nbytes for p in one.model.layers[0].parameters())
+    ends = sum(
+        p.nbytes
+        for name, p in model.named_parameters()
+        if not name.startswith("model.layers.") and not (tied and name == "lm_head.weight")
+    )
+    return ends + sum(n * sum(p.nbytes for p in layer.parameters()) for layer, n in zip(model.model.layers, counts))
 
 
 def _checkpoint_files(path: Path) -> list[Path]:

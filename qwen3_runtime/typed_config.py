@@ -66,6 +66,9 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if origin in (Union, types.UnionType):
         if value is None and type(None) in args:
             return None
+        shapes = [a for a in args if dataclasses.is_dataclass(a)]
+        if isinstance(value, dict) and len(shapes) > 1:
+            return build(_closest(shapes, value), value, key + ".")
         errors = []
         for arg in (a for a in args if a is not type(None)):
             try:
@@ -88,6 +91,13 @@ def _coerce(value: Any, tp: Any, key: str) -> Any:
     if tp in (str, bool) and (type(value) is not tp):
         raise ConfigError(f"{key}={value!r} is invalid: expected {tp.__name__}")
     return value
+
+
+def _closest(shapes: list[type], raw: dict) -> type:
+    """The dataclass that knows the most of a mapping's keys, the first on a tie (a family's shape before its
+    extensions): a mapping of one member's fields builds that member, and its mistakes are reported against it (trying
+    each member in turn would bury a typo under the other members' errors)."""
+    return min(shapes, key=lambda shape: len(raw.keys() - {f.name for f in dataclasses.fields(shape)}))
 
 
 def _check_range(key: str, value: float, lo: float | None, hi: float | None, lo_open: bool) -> None:

@@ -40,14 +40,21 @@ def _write_checkpoint(
     max_shard_size: str | None = None,
     dtype: torch.dtype = torch.float32,
     rope_parameters: dict | None = None,
+    moe: dict | None = None,
 ) -> Path:
-    """A random Qwen3 checkpoint written by transformers itself, the parity reference.
+    """A random Qwen3 checkpoint written by transformers itself, the parity reference; with `moe` (Qwen3MoeConfig's
+    own keys), a Qwen3-MoE one.
 
     head_dim 24 with 4 heads (96) differs from hidden_size 64, as in the real models."""
     import transformers
 
     torch.manual_seed(seed)
-    config = transformers.Qwen3Config(
+    config_cls, model_cls = (
+        (transformers.Qwen3Config, transformers.Qwen3ForCausalLM)
+        if moe is None
+        else (transformers.Qwen3MoeConfig, transformers.Qwen3MoeForCausalLM)
+    )
+    config = config_cls(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=2 * hidden_size + 8,
@@ -62,8 +69,9 @@ def _write_checkpoint(
         pad_token_id=None,
         initializer_range=0.05,
         **({"rope_parameters": rope_parameters} if rope_parameters else {}),
+        **(moe or {}),
     )
-    model = transformers.Qwen3ForCausalLM(config).to(dtype)
+    model = model_cls(config).to(dtype)
     with torch.no_grad():  # norms other than the identity, as in trained checkpoints
         for name, param in model.named_parameters():
             if name.endswith("norm.weight"):
@@ -81,6 +89,32 @@ def make_checkpoint(tmp_path_factory) -> Callable[..., Path]:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(make_checkpoint) -> Path:
     return make_checkpoint()
+
+
+# A tiny Qwen3-MoE: layers 0 and 2 sparse (8 experts, top 3), layer 1 the dense MLP; untied, as the released ones.
+TINY_MOE = dict(
+    num_hidden_layers=3,
+    tie_word_embeddings=False,
+    moe=dict(
+        num_experts=8,
+        num_experts_per_tok=3,
+        moe_intermediate_size=40,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1],
+    ),
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_moe_checkpoint(make_checkpoint) -> Path:
+    return make_checkpoint(**TINY_MOE)
+
+
+@pytest.fixture(params=["tiny_checkpoint", "tiny_moe_checkpoint"], ids=["dense", "moe"])
+def each_family_checkpoint(request) -> Path:
+    """The tiny checkpoint of each family, for the engine tests that should hold for every model."""
+    return request.getfixturevalue(request.param)
 
 
 @pytest.fixture

@@ -105,6 +105,45 @@ def test_user_errors_are_one_line_and_exit_2(case, words, capsys, monkeypatch, t
         assert word in err, (word, err)
 
 
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        ("missing_expert", ["missing tensor 'model.layers.2.mlp.experts.5.up_proj.weight'"]),
+        ({"num_local_experts": 7}, ["unexpected tensor 'model.layers.0.mlp.experts.7.down_proj.weight'"]),
+        (
+            {"num_experts_per_tok": 9},
+            ["config.json", "num_experts_per_tok=9 is out of range: must be <= num_experts=8"],
+        ),
+        ({"shared_expert_intermediate_size": 64}, ["shared_expert_intermediate_size is not honoured by the qwen3_moe"]),
+    ],
+    ids=["missing-expert", "expert-count", "experts-per-token", "shared-expert"],
+)
+def test_moe_checkpoint_errors_are_one_line_and_exit_2(edit, words, capsys, tmp_path, tiny_moe_checkpoint):
+    from safetensors.torch import load_file, save_file
+
+    if edit == "missing_expert":
+        path = _checkpoint(tiny_moe_checkpoint, tmp_path)
+        tensors = load_file(path / "model.safetensors")
+        del tensors["model.layers.2.mlp.experts.5.up_proj.weight"]
+        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    else:
+        path = _checkpoint(tiny_moe_checkpoint, tmp_path, "config.json", _config_json(tiny_moe_checkpoint, **edit))
+    rc, out, err = _run(capsys, "--set", f"model.path={path}", "--set", "model.tokenizer=builtin")
+    assert rc == 2 and err.startswith("error: ") and "Traceback" not in err and err.count("\n") == 1, err
+    for word in words:
+        assert word in err, (word, err)
+
+
+def test_tiny_moe_generates_text(capsys):
+    rc, out, err = _run(
+        capsys, "--config", "tiny-moe", "--prompt", "What is 2+2?", "--set", "generate.sampling.max_tokens=3"
+    )
+    assert rc == 0, err
+    lines = out.splitlines()
+    assert lines[0].startswith("model: random weights (seed 0), ") and "(4 layers, hidden 64, " in lines[0]
+    assert lines[1].startswith("[0] prompt 7 tokens -> 3 tokens") and lines[2].startswith("    text: '")
+
+
 def test_prints_model_line_prompt_and_output_logprobs(capsys):
     rc, out, err = _run(
         capsys,

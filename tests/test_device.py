@@ -6,7 +6,9 @@ import torch
 from qwen3_runtime import device as dev
 from qwen3_runtime.config import ConfigError, ModelConfig, load_config
 from qwen3_runtime.kv_cache import kv_bytes_per_block
-from qwen3_runtime.loader import load_model
+from qwen3_runtime.layers.build import LayerBuild
+from qwen3_runtime.loader import _weight_bytes, load_model
+from qwen3_runtime.models.registry import family_of
 
 CPU = torch.device("cpu")
 GIB = 1024**3
@@ -103,6 +105,29 @@ def test_weights_larger_than_memory_are_an_error_before_allocating(monkeypatch):
     arch = load_config("qwen3-32b").model.architecture
     with pytest.raises(ConfigError, match=r"weights need 12\d\.\d GiB in float32 \(model.dtype\) but cpu has 8.0 GiB"):
         load_model(ModelConfig(architecture=arch), CPU, torch.float32)
+
+
+def test_qwen3_235b_in_bf16_on_one_gpu_is_refused_naming_what_it_needs_and_what_fits(monkeypatch):
+    """437.9 GiB of bfloat16 weights against an H200's 139 GiB: refused before anything is allocated."""
+    monkeypatch.setattr(dev, "available_memory", lambda device: 139 * GIB)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device: 0)
+    monkeypatch.setattr(torch.nn.Module, "to_empty", lambda *a, **k: pytest.fail("allocated"))
+    arch = load_config("qwen3-235b-a22b").model.architecture
+    with pytest.raises(ConfigError) as err:
+        load_model(ModelConfig(architecture=arch), torch.device("cuda"), torch.bfloat16)
+    assert str(err.value) == (
+        "the model's weights need 437.9 GiB in bfloat16 (model.dtype) but cuda has 139.0 GiB available, which holds "
+        "about 74.6B parameters in bfloat16: use a smaller model or a GPU with more memory (FP8 weights and splitting "
+        "a model over several GPUs are not supported yet)"
+    )
+
+
+def test_qwen3_30b_a3b_fits_one_80_gb_gpu_in_bf16(monkeypatch):
+    monkeypatch.setattr(dev, "available_memory", lambda device: 79 * GIB)
+    arch = load_config("qwen3-30b-a3b").model.architecture
+    nbytes = _weight_bytes(family_of(arch).model_cls(), arch, LayerBuild(torch.bfloat16))
+    assert round(nbytes / GIB, 1) == 56.9
+    dev.check_weights_fit(nbytes, torch.device("cuda"), torch.bfloat16)
 
 
 def test_a_shape_far_too_large_is_refused_before_its_layers_are_built():

@@ -1,11 +1,15 @@
+import dataclasses
 import json
 
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from qwen3_runtime.config import ArchitectureConfig, ModelConfig
-from qwen3_runtime.loader import CheckpointError, load_model
+from qwen3_runtime.config import ModelConfig
+from qwen3_runtime.layers.build import LayerBuild
+from qwen3_runtime.loader import CheckpointError, _weight_bytes, load_model
+from qwen3_runtime.models.qwen3_config import Qwen3Config
+from qwen3_runtime.models.qwen3_moe_config import Qwen3MoeConfig
 
 
 def _load(path):
@@ -91,9 +95,9 @@ def test_integer_or_8_bit_tensor_is_an_error(make_checkpoint, dtype):
         _load(path)
 
 
-def _small() -> ArchitectureConfig:
+def _small() -> Qwen3Config:
     """A shape for random weights: one layer, so the parameter list below reads whole."""
-    return ArchitectureConfig(
+    return Qwen3Config(
         vocab_size=64,
         hidden_size=16,
         intermediate_size=32,
@@ -146,6 +150,40 @@ def test_parameters_and_seeded_weights_are_pinned(dtype):
         assert torch.equal(p, drawn), name
 
 
+def test_moe_parameters_are_pinned_and_their_bytes_counted_before_building():
+    """A sparse layer's router and stacked experts, a dense layer's MLP, in this order; the bytes counted from one
+    layer of each kind are the built model's."""
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, norm_topk_prob=True)
+    arch = Qwen3MoeConfig(**vars(_small()) | {"num_hidden_layers": 3}, **moe, mlp_only_layers=[1])
+    model = load_model(ModelConfig(architecture=arch, seed=5), torch.device("cpu"), torch.float32)
+    params = [(name, tuple(p.shape)) for name, p in model.named_parameters()]
+
+    def layer(i):
+        return [(name.removeprefix(f"model.layers.{i}."), shape) for name, shape in params if f".{i}." in name]
+
+    assert layer(0)[5:] == [
+        ("post_attention_layernorm.weight", (16,)),
+        ("mlp.gate.weight", (4, 16)),
+        ("mlp.experts.w13_weight", (4, 16, 16)),
+        ("mlp.experts.w2_weight", (4, 16, 8)),
+    ]
+    assert layer(1)[5:] == [
+        ("post_attention_layernorm.weight", (16,)),
+        ("mlp.gate_up_proj.weight", (64, 16)),
+        ("mlp.down_proj.weight", (16, 32)),
+    ]
+    assert layer(2) == layer(0) and len(params) == 2 + 9 + 8 + 9 + 1
+    for shape in (
+        arch,
+        dataclasses.replace(arch, mlp_only_layers=[]),
+        dataclasses.replace(arch, mlp_only_layers=[0, 1, 2]),
+        dataclasses.replace(arch, tie_word_embeddings=True, decoder_sparse_step=2),
+    ):
+        model = load_model(ModelConfig(architecture=shape), torch.device("cpu"), torch.float32)
+        held = sum(p.nbytes for p in model.parameters())  # a tied lm_head once
+        assert _weight_bytes(type(model), shape, LayerBuild(torch.float32)) == held
+
+
 def test_untied_checkpoint_without_lm_head_is_an_error(make_checkpoint):
     path = make_checkpoint(tie_word_embeddings=False)
     _edit(path, lambda t: t.pop("lm_head.weight"))
@@ -159,4 +197,22 @@ def test_empty_or_truncated_safetensors_names_the_file(tiny_checkpoint, copy_che
     data = (path / "model.safetensors").read_bytes()
     (path / "model.safetensors").write_bytes(data[: int(len(data) * keep)])
     with pytest.raises(CheckpointError, match=r"model.safetensors: not a readable safetensors file"):
+        _load(path)
+
+
+def test_moe_checkpoint_errors_name_the_expert_tensor(make_checkpoint, copy_checkpoint):
+    """A missing expert, an expert more than config.json counts, and a router of another expert count."""
+    path = make_checkpoint(num_hidden_layers=2, moe=dict(num_experts=5, num_experts_per_tok=2, moe_intermediate_size=8))
+    original = load_file(path / "model.safetensors")
+    _edit(path, lambda t: t.pop("model.layers.1.mlp.experts.3.up_proj.weight"))
+    with pytest.raises(CheckpointError, match=r"missing tensor 'model.layers.1.mlp.experts.3.up_proj.weight'"):
+        _load(path)
+    _edit(path, lambda t: t.update(original))
+    with pytest.raises(CheckpointError, match=r"unexpected tensor 'model.layers.0.mlp.experts.4.down_proj.weight'"):
+        _load(copy_checkpoint(path, num_local_experts=4))
+    router = "model.layers.0.mlp.gate.weight"
+    _edit(path, lambda t: t.update({router: torch.zeros(4, 64)}))
+    with pytest.raises(
+        CheckpointError, match=rf"'{router}' in model.safetensors has shape \(4, 64\), expected \(5, 64\)"
+    ):
         _load(path)

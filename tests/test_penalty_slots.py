@@ -30,7 +30,7 @@ def _reference_greedy(path, prompt: list[int], p: SamplingParams) -> tuple[list[
     """Tokens, raw and processed logprobs of a penalized greedy request, one transformers forward per token."""
     import transformers
 
-    model = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     output, raw, processed = [], [], []
     with torch.no_grad():
         for _ in range(p.max_tokens):
@@ -43,7 +43,8 @@ def _reference_greedy(path, prompt: list[int], p: SamplingParams) -> tuple[list[
     return output, raw, processed
 
 
-def test_penalized_greedy_equals_a_reference_loop(make_runtime, tiny_checkpoint):
+def test_penalized_greedy_equals_a_reference_loop(make_runtime, each_family_checkpoint):
+    tiny_checkpoint = each_family_checkpoint
     rt = make_runtime(tiny_checkpoint)
     prompt = [5, 6, 7, 8] * 4
     base = dict(max_tokens=16, temperature=0, ignore_eos=True, logprobs=0)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -37,6 +38,12 @@ class AttentionMetadata:
     @property
     def is_prefill(self) -> bool:
         return self.prefill is not None
+
+    @functools.cached_property
+    def real_rows(self) -> torch.Tensor:
+        """[T] bool: the rows that are not padding, for the MoE layers' routing; computed once per forward (each
+        forward, and each captured graph, builds its own metadata)."""
+        return self.slot_mapping >= 0
 
 
 class Attention(nn.Module):

@@ -7,12 +7,31 @@ from collections.abc import Iterator
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from qwen3_runtime.layers.build import LayerBuild, parameter
 from qwen3_runtime.layers.loading import Route, copy_checked
+from qwen3_runtime.ops.invariant_linear import invariant_linear
 from qwen3_runtime.ops.linear import linear, linear_partials, mlp_partials
 from qwen3_runtime.ops.linear_preload import preload_applies, preloaded_partials
+
+
+def fp32_product(
+    x: torch.Tensor, weight: torch.Tensor, out: torch.Tensor | None = None, invariant: bool = False
+) -> torch.Tensor:
+    """x [T, in] times weight [out, in] in fp32 (into `out` when given): lm_head's logits and the MoE router's. On the
+    GPU the 16-bit operands accumulate in fp32 and the product is written in fp32 directly: rounded to bf16, a logit
+    of 20 would only be good to +-0.06. invariant: by the batch-invariant kernel (engine.batch_invariant)."""
+    if invariant:
+        product = invariant_linear(x, weight, out_dtype=torch.float32)
+    elif x.is_cuda and x.dtype != torch.float32:
+        if out is None:
+            return torch.mm(x, weight.t(), out_dtype=torch.float32)
+        return torch.mm(x, weight.t(), out_dtype=torch.float32, out=out)
+    else:
+        product = F.linear(x, weight).float()
+    return product if out is None else out.copy_(product)
 
 
 class LinearWeight(nn.Module):
@@ -35,7 +54,8 @@ class LinearWeight(nn.Module):
         for suffix in self.suffixes:
             yield suffix, Route(self, suffix)
 
-    def load_weight(self, suffix: str, tensor: torch.Tensor, part: int | None = None) -> None:
+    def load_weight(self, suffix: str, tensor: torch.Tensor, part: int | None = None, expert: None = None) -> None:
+        """A projection belongs to no expert (`expert` is the loaders' shared signature: Route.load)."""
         dest = getattr(self, suffix).data
         copy_checked(dest if part is None else dest[self.part_rows(part)], tensor)
 

@@ -16,16 +16,19 @@ class WeightError(ValueError):
 
 @dataclass(frozen=True)
 class Route:
-    """Where one checkpoint tensor goes: `target`'s parameter `suffix`, or the fused `part` of it."""
+    """Where one checkpoint tensor goes: `target`'s parameter `suffix`, or the fused `part` of it, of `expert` for
+    experts stacked in one parameter. A target with load_weight(suffix, tensor, part, expert) places it itself (as
+    vLLM's per-parameter weight loaders: a shard will be one more argument); else it is the parameter, whole."""
 
     target: nn.Module
     suffix: str
     part: int | None = None
+    expert: int | None = None
 
     def load(self, tensor: torch.Tensor) -> None:
         load_weight = getattr(self.target, "load_weight", None)
         if load_weight is not None:
-            load_weight(self.suffix, tensor, self.part)
+            load_weight(self.suffix, tensor, self.part, self.expert)
         else:
             copy_checked(getattr(self.target, self.suffix).data, tensor)
 

@@ -1,5 +1,6 @@
-"""The dense feed-forward block. A feed-forward block's contract: forward(x [T, hidden], invariant) returns
-[S, T, hidden] partial sums, which the next norm adds (ops/norms.py)."""
+"""The dense feed-forward block. A feed-forward block's contract: forward(x [T, hidden], meta) returns
+[S, T, hidden] partial sums, which the next norm adds (ops/norms.py); meta is the forward's AttentionMetadata (the
+batch-invariant mode, and which rows are padding)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from qwen3_runtime.layers.attention import AttentionMetadata
 from qwen3_runtime.layers.build import LayerBuild
 from qwen3_runtime.layers.linear import UnquantizedWeight
 from qwen3_runtime.layers.loading import Route, part_routes, routes
@@ -27,6 +29,6 @@ class DenseMLP(nn.Module):
         yield from part_routes(self.gate_up_proj, "up_proj", 1)
         yield from routes(self.down_proj, "down_proj.")
 
-    def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:
         """down_proj as [S, T, hidden] partial sums, like Attention's output."""
-        return self.gate_up_proj.gated_partials(self.down_proj, x, invariant=invariant)
+        return self.gate_up_proj.gated_partials(self.down_proj, x, invariant=meta.batch_invariant)

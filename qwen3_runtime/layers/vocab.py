@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from qwen3_runtime.layers.build import LayerBuild, parameter
+from qwen3_runtime.layers.linear import fp32_product
 from qwen3_runtime.ops.embedding import embed
-from qwen3_runtime.ops.invariant_linear import invariant_linear
 
 
 class VocabEmbedding(nn.Module):
@@ -31,16 +30,5 @@ class LMHead(nn.Module):
         self.weight = embedding.weight
 
     def logits(self, hidden: torch.Tensor, out: torch.Tensor | None = None, invariant: bool = False) -> torch.Tensor:
-        """fp32 logits (into `out` when given). On the GPU the bf16 operands accumulate in fp32 and the product
-        is written in fp32 directly: rounded to bf16, a logit of 20 would only be good to +-0.06. invariant: by
-        the batch-invariant kernel (engine.batch_invariant)."""
-        weight = self.weight
-        if invariant:
-            logits = invariant_linear(hidden, weight, out_dtype=torch.float32)
-        elif hidden.is_cuda and hidden.dtype != torch.float32:
-            if out is None:
-                return torch.mm(hidden, weight.t(), out_dtype=torch.float32)
-            return torch.mm(hidden, weight.t(), out_dtype=torch.float32, out=out)
-        else:
-            logits = F.linear(hidden, weight).float()
-        return logits if out is None else out.copy_(logits)
+        """fp32 logits (into `out` when given), from 16-bit operands accumulated in fp32 (fp32_product)."""
+        return fp32_product(hidden, self.weight, out, invariant)

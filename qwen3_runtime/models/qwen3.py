@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 from torch import nn
 
@@ -15,14 +17,16 @@ from qwen3_runtime.models.qwen3_config import Qwen3Config
 
 
 class Qwen3DecoderLayer(nn.Module):
-    def __init__(self, cfg: Qwen3Config, build: LayerBuild) -> None:
+    """Attention, then the feed-forward block `mlp` (the layer's family chooses it: Qwen3Model.feed_forward)."""
+
+    def __init__(self, cfg: Qwen3Config, build: LayerBuild, mlp: nn.Module) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
         self.self_attn = Attention(
             cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, build
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
-        self.mlp = DenseMLP(cfg.hidden_size, cfg.intermediate_size, build)
+        self.mlp = mlp
 
     def forward(
         self,
@@ -42,25 +46,34 @@ class Qwen3DecoderLayer(nn.Module):
             x = self.input_layernorm(x, residual)
         x = self.self_attn(x, positions, rotary, kv_cache, meta)
         x = self.post_attention_layernorm(x, residual)
-        return self.mlp(x, invariant=meta.batch_invariant), residual
+        return self.mlp(x, meta), residual
 
 
 class Qwen3Model(nn.Module):
     def __init__(self, cfg: Qwen3Config, build: LayerBuild) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, build)
-        self.layers = nn.ModuleList(Qwen3DecoderLayer(cfg, build) for _ in range(cfg.num_hidden_layers))
+        self.layers = nn.ModuleList(
+            Qwen3DecoderLayer(cfg, build, self.feed_forward(cfg, build, i)) for i in range(cfg.num_hidden_layers)
+        )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
+
+    @staticmethod
+    def feed_forward(cfg: Qwen3Config, build: LayerBuild, index: int) -> nn.Module:
+        """Layer `index`'s feed-forward block: the family's seam (Qwen3-MoE's differs by layer)."""
+        return DenseMLP(cfg.hidden_size, cfg.intermediate_size, build)
 
 
 class Qwen3ForCausalLM(nn.Module):
     """Module names follow Hugging Face's, except the fused qkv_proj and gate_up_proj."""
 
+    model_cls: ClassVar[type[Qwen3Model]] = Qwen3Model  # the decoder stack, which a family may extend
+
     def __init__(self, cfg: Qwen3Config, build: LayerBuild) -> None:
         super().__init__()
         self.config = cfg
-        self.model = Qwen3Model(cfg, build)
+        self.model = self.model_cls(cfg, build)
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, build)
 
     def tie_lm_head(self) -> None:

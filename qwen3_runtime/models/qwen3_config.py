@@ -3,16 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from qwen3_runtime.models.hf_config import parse_rope, rope_type
 from qwen3_runtime.typed_config import ConfigError, bounds, build, size_bounds
-
-# transformers' Qwen3Config defaults for keys a config.json may omit; Qwen3Config's own are the released models'
-# values (for random weights), and taking those would silently change the rotary embedding or the head size.
-_HF_DEFAULTS = {"head_dim": 128, "rope_theta": 10000.0, "max_position_embeddings": 32768}
 
 
 @dataclass(frozen=True)
@@ -55,6 +52,11 @@ class Qwen3Config:
     tie_word_embeddings: bool = False
     eos_token_id: int | list[int] | None = None
 
+    # transformers' defaults for keys a config.json may omit (None: computed, as head_dim); the dataclass's own are
+    # the released models' values (for random weights), and taking those would silently change the rotary embedding
+    # or the head size.
+    hf_defaults: ClassVar[dict[str, Any]] = {"head_dim": 128, "rope_theta": 10000.0, "max_position_embeddings": 32768}
+
     def __post_init__(self) -> None:
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
@@ -87,23 +89,31 @@ class Qwen3Config:
 
     @classmethod
     def from_hf(cls, hf: Mapping[str, Any], where: str) -> Qwen3Config:
-        """The shape from config.json (its keys checked by hf_config.check_keys): absent keys take transformers'
-        defaults, head_dim hidden_size / num_attention_heads when null."""
-        raw = {k: v for k, v in hf.items() if k in cls.__dataclass_fields__ and k != "rope_scaling"}
+        """The shape from config.json (its keys checked by hf_config.check_keys)."""
         try:
-            raw.update(parse_rope(hf))
+            return build(cls, cls.hf_fields(hf), "")
         except ConfigError as e:
             raise ConfigError(f"{where}: {e}") from None
-        for key, value in _HF_DEFAULTS.items():  # absent (not null)
+
+    @classmethod
+    def hf_fields(cls, hf: Mapping[str, Any]) -> dict[str, Any]:
+        """config.json's values of the shape's fields: absent keys take transformers' defaults (hf_defaults), head_dim
+        hidden_size / num_attention_heads when null."""
+        names = {f.name for f in fields(cls)}
+        raw = {k: v for k, v in hf.items() if k in names and k != "rope_scaling"}
+        raw.update(parse_rope(hf))
+        for key, value in cls.hf_defaults.items():  # absent (not null)
             raw.setdefault(key, value)
         if raw.get("head_dim") is None:
             raw.pop("head_dim", None)
             with contextlib.suppress(KeyError, TypeError, ZeroDivisionError):  # else build names the bad key
                 raw["head_dim"] = hf["hidden_size"] // hf["num_attention_heads"]
-        try:
-            return build(cls, raw, "")
-        except ConfigError as e:
-            raise ConfigError(f"{where}: {e}") from None
+        return raw
+
+    def layer_samples(self) -> tuple[Qwen3Config, tuple[int, ...]]:
+        """This shape with one decoder layer of each kind, and how many layers of each kind it has: the loader counts
+        the weights' bytes from them without building every layer."""
+        return dataclasses.replace(self, num_hidden_layers=1), (self.num_hidden_layers,)
 
     @property
     def max_context(self) -> int:

@@ -55,6 +55,13 @@ FAMILIES = (
         "qwen3_runtime.models.qwen3_config:Qwen3Config",
         "qwen3_runtime.models.qwen3:Qwen3ForCausalLM",
     ),
+    Family(
+        "qwen3_moe",
+        ("qwen3_moe",),
+        ("Qwen3MoeForCausalLM",),
+        "qwen3_runtime.models.qwen3_moe_config:Qwen3MoeConfig",
+        "qwen3_runtime.models.qwen3_moe:Qwen3MoeForCausalLM",
+    ),
 )
 
 

@@ -1,4 +1,5 @@
-"""Parity with transformers' Qwen3ForCausalLM on tiny random checkpoints (fp32, CPU)."""
+"""Parity with transformers' Qwen3ForCausalLM on tiny random checkpoints (fp32, CPU); the helpers serve Qwen3-MoE's
+parity tests too (test_qwen3_moe.py)."""
 
 import pytest
 import torch
@@ -23,12 +24,13 @@ SHAPES = [
 BLOCK = 8
 
 
-def _load_both(path):
+def load_both(path):
+    """Ours and transformers' model of the checkpoint (its config.json's class)."""
     import transformers
 
     ours = load_model(ModelConfig(path=str(path)), torch.device("cpu"), torch.float32)
     ours.build_rope_table(256)
-    theirs = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     return ours, theirs
 
 
@@ -47,8 +49,14 @@ def _prefill_meta(model, slots, query_lens, seq_lens, tables):
 
 @pytest.mark.parametrize("shape", SHAPES, ids=["tied-kv2", "untied-kv1", "untied-3layers-hd32", "yarn", "yarn-beta"])
 def test_prefill_and_decode_logits_match_transformers(make_checkpoint, shape):
-    ours, theirs = _load_both(make_checkpoint(**shape))
+    ours, theirs = load_both(make_checkpoint(**shape))
     assert ours.lm_head_is_tied == shape["tie_word_embeddings"]
+    assert_prefill_and_decode_match(ours, theirs)
+
+
+def assert_prefill_and_decode_match(ours, theirs):
+    """A 37-token prompt: all but its last token prefilled into non-contiguous blocks, the last decoded through the
+    paged cache; both steps' logits within fp32 rounding of transformers' forward over the whole prompt."""
     ids = torch.randint(0, ours.config.vocab_size, (37,))
     with torch.no_grad():
         ref = theirs(ids[None]).logits[0]
@@ -57,7 +65,6 @@ def test_prefill_and_decode_logits_match_transformers(make_checkpoint, shape):
     table = torch.randperm(16)[: (n + BLOCK - 1) // BLOCK]  # non-contiguous blocks
     slots = table[torch.arange(n) // BLOCK] * BLOCK + torch.arange(n) % BLOCK
     with torch.no_grad():
-        # Prefill all but the last token, then decode the last one through the paged cache.
         meta = _prefill_meta(ours, slots[:-1], [n - 1], [n - 1], [table.tolist()])
         prefill = ours.compute_logits(ours(ids[:-1], torch.arange(n - 1), kv, meta))
         meta = AttentionMetadata(
@@ -72,7 +79,7 @@ def test_prefill_and_decode_logits_match_transformers(make_checkpoint, shape):
 
 
 def test_packed_prefill_equals_separate_prefills(tiny_checkpoint):
-    ours, _ = _load_both(tiny_checkpoint)
+    ours, _ = load_both(tiny_checkpoint)
     a, b = torch.randint(0, 512, (5,)), torch.randint(0, 512, (9,))
     kv = allocate_kv_cache(ours.config, 4, BLOCK, torch.float32, torch.device("cpu"))
 
@@ -94,7 +101,7 @@ def test_chunked_prefill_equals_whole_prefill(tiny_checkpoint, monkeypatch, trit
     attends to its cached first chunk: its logits are the whole prompt's (prefilled into other blocks)."""
     if not triton_kernels:
         monkeypatch.setattr(ops, "TRITON_INTERPRET", False)
-    ours, _ = _load_both(tiny_checkpoint)
+    ours, _ = load_both(tiny_checkpoint)
     ids, other = torch.randint(0, 512, (23,)), torch.randint(0, 512, (6,))
     kv = allocate_kv_cache(ours.config, 8, BLOCK, torch.float32, torch.device("cpu"))
 
