@@ -1,7 +1,8 @@
 """Decode speed: TPOT of greedy generation per batch size (random weights of a real Qwen3 shape), beside
 the weight-read floor, each batch's step floor (weights and K/V read at the larger of the copy and read
 bandwidths, or the FLOPs at the large-matmul rate, whichever is longer) and Hugging Face transformers'
-static-cache `generate`, all measured in this run.
+static-cache `generate`, all measured in this run. For a MoE model the weights a step reads are those of the experts
+its rows route to, counted on the device first (scripts/routed_experts.py).
 
 Usage: python -m scripts.bench_decode --config qwen3-4b --batch 1 8 32 64 [--quick]
     [--sampling greedy temperature filtered] --out DIR
@@ -25,9 +26,11 @@ import numpy as np
 import torch
 
 from qwen3_runtime import Runtime, SamplingParams
-from scripts.floors import decode_step_floor_s, weight_bytes
+from qwen3_runtime.config import load_config
+from scripts.floors import decode_step_floor_s, expert_bytes, routed_weight_bytes, weight_bytes
 from scripts.hf_reference import random_hf_model, static_cache_tpot
 from scripts.report import environment
+from scripts.routed_experts import routed_experts
 from scripts.timing import matmul_rate, stream_bandwidths
 
 # temperature: the unfiltered random graph variant; filtered: top-k selection; top_p: top-p alone's rounds after
@@ -104,8 +107,12 @@ def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:
         label = mode if sampling == "greedy" else f"{mode} {sampling}"
         stats = {"graphs": graphs, "capture_s": rt.runner.stats.capture_s, "sampling": sampling}
         context = args.prompt_len + args.max_tokens // 2  # the mean over the run
+        step_bytes = weight_bytes(rt.model)
+        if batch in args.routed:  # a MoE model: the experts its rows route to
+            step_bytes = routed_weight_bytes(step_bytes, expert_bytes(rt.model), args.routed[batch])
+            stats |= {"routed_experts": args.routed[batch], "step_weight_bytes": step_bytes}
         floor = decode_step_floor_s(
-            rt.model.config, weight_bytes(rt.model), batch, context, rt.dtype.itemsize, args.bandwidth, args.rate
+            rt.model.config, step_bytes, batch, context, rt.dtype.itemsize, args.bandwidth, args.rate
         )
         medians = _medians(runs)
         # Where the batch's prompts take several prefill steps, its requests' TPOT holds those steps; ITL, the
@@ -132,8 +139,6 @@ def ours(args: argparse.Namespace, mode: str) -> tuple[list[dict], int]:
 
 def transformers_static(args: argparse.Namespace) -> Iterator[dict]:
     """A row per batch size, as it is measured (compiling for each batch size takes a while)."""
-    from qwen3_runtime.config import load_config
-
     model = random_hf_model(load_config(args.config).model.architecture)
     for batch in args.hf_batch:
         # Compilation and CUDA-graph capture, at the measured shape: the static cache's length is prompt + new
@@ -223,6 +228,10 @@ def main() -> None:
     args.bandwidths = stream_bandwidths()
     bandwidth = args.bandwidth = args.bandwidths["bandwidth_bytes_s"]
     args.rate = matmul_rate()
+    args.routed = {}
+    if hasattr(load_config(args.config).model.architecture, "num_experts"):
+        args.routed = routed_experts(args.config, args.batch, args.prompt_len, 8, max(args.batch))
+        print(f"distinct experts routed per decode step (all sparse layers): {args.routed}", flush=True)
     rows = []
     for mode in args.modes:
         mode_rows, nbytes = ours(args, mode)

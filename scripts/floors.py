@@ -8,7 +8,8 @@ from qwen3_runtime.models.qwen3 import Qwen3ForCausalLM
 
 
 def weight_bytes(model: Qwen3ForCausalLM) -> int:
-    """Bytes a forward must read: every weight once (an untied embedding table is only gathered)."""
+    """Bytes a forward must read: every weight once (an untied embedding table is only gathered; of a MoE model's
+    experts, those its tokens route to: routed_weight_bytes)."""
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     if not model.lm_head_is_tied:
         total -= model.model.embed_tokens.weight.numel() * model.model.embed_tokens.weight.element_size()
@@ -16,11 +17,15 @@ def weight_bytes(model: Qwen3ForCausalLM) -> int:
 
 
 def layer_linear_params(arch: ArchitectureConfig) -> int:
-    """Weights of the decoder layers' projections (qkv, o, gate_up, down), every one of which each token
-    multiplies; not the lm_head, which a prefill applies only where it samples."""
+    """Weights of the decoder layers' projections that each token multiplies (qkv, o, and gate_up and down: a dense
+    layer's, or a sparse layer's router and its top-k experts'); not the lm_head, which a prefill applies only where
+    it samples."""
     q, kv = arch.num_attention_heads * arch.head_dim, arch.num_key_value_heads * arch.head_dim
-    per_layer = arch.hidden_size * (q + 2 * kv) + q * arch.hidden_size + 3 * arch.hidden_size * arch.intermediate_size
-    return arch.num_hidden_layers * per_layer
+    hidden, layers = arch.hidden_size, arch.num_hidden_layers
+    attention = hidden * (q + 2 * kv) + q * hidden
+    sparse = getattr(arch, "num_sparse_layers", 0)
+    routed = (arch.num_experts + 3 * arch.num_experts_per_tok * arch.moe_intermediate_size) * hidden if sparse else 0
+    return layers * attention + (layers - sparse) * 3 * hidden * arch.intermediate_size + sparse * routed
 
 
 def prefill_flops(arch: ArchitectureConfig, prompt_lens: list[int], logits_rows: int | None = None) -> int:
@@ -45,3 +50,19 @@ def decode_step_floor_s(
     flops = 2 * batch * (layer_linear_params(arch) + arch.hidden_size * arch.vocab_size)
     flops += batch * arch.num_hidden_layers * 2 * 2 * arch.num_attention_heads * arch.head_dim * context
     return max((weight_nbytes + kv) / bandwidth, flops / flops_per_s)
+
+
+def expert_bytes(model: Qwen3ForCausalLM) -> tuple[int, int]:
+    """(bytes of every expert of every sparse layer, bytes of one expert's projections); (0, 0) for a dense model."""
+    stacks = [(m.w13_weight, m.w2_weight) for m in model.modules() if hasattr(m, "w13_weight")]
+    if not stacks:
+        return 0, 0
+    total = sum(w13.nbytes + w2.nbytes for w13, w2 in stacks)
+    return total, (stacks[0][0].nbytes + stacks[0][1].nbytes) // stacks[0][0].shape[0]
+
+
+def routed_weight_bytes(all_bytes: int, experts: tuple[int, int], routed: float) -> int:
+    """What a step must read of weights (`all_bytes`: weight_bytes) when its rows route to `routed` distinct experts
+    in all (summed over the sparse layers): the experts not routed to are not read."""
+    total, one = experts
+    return int(all_bytes - total + routed * one)

@@ -12,9 +12,11 @@ from qwen3_runtime.config import ArchitectureConfig
 
 
 def hf_config(arch: ArchitectureConfig, layers: int | None = None):
+    """transformers' config of `arch`: Qwen3MoeConfig for a MoE shape (sparse layers as ours: decoder_sparse_step,
+    mlp_only_layers), else Qwen3Config."""
     import transformers
 
-    return transformers.Qwen3Config(
+    common = dict(
         vocab_size=arch.vocab_size,
         hidden_size=arch.hidden_size,
         intermediate_size=arch.intermediate_size,
@@ -27,6 +29,17 @@ def hf_config(arch: ArchitectureConfig, layers: int | None = None):
         max_position_embeddings=arch.max_position_embeddings,
         tie_word_embeddings=arch.tie_word_embeddings,
     )
+    if not hasattr(arch, "num_experts"):
+        return transformers.Qwen3Config(**common)
+    return transformers.Qwen3MoeConfig(
+        **common,
+        num_experts=arch.num_experts,
+        num_experts_per_tok=arch.num_experts_per_tok,
+        moe_intermediate_size=arch.moe_intermediate_size,
+        norm_topk_prob=arch.norm_topk_prob,
+        decoder_sparse_step=arch.decoder_sparse_step,
+        mlp_only_layers=[i for i in arch.mlp_only_layers if i < common["num_hidden_layers"]],
+    )
 
 
 def random_hf_model(
@@ -36,11 +49,19 @@ def random_hf_model(
     device: torch.device | str = "cuda",
     dtype: torch.dtype = torch.bfloat16,
 ):
+    """Built in `dtype` (not fp32 then cast: Qwen3-30B-A3B in fp32 would not fit an 80 GB GPU)."""
     import transformers
 
+    config = hf_config(arch, layers)
+    cls = transformers.Qwen3MoeForCausalLM if hasattr(arch, "num_experts") else transformers.Qwen3ForCausalLM
     torch.manual_seed(seed)
-    with torch.device(device):
-        model = transformers.Qwen3ForCausalLM(hf_config(arch, layers)).to(dtype).eval()
+    default = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device(device):
+            model = cls(config).eval()
+    finally:
+        torch.set_default_dtype(default)
     model.generation_config.eos_token_id = None  # every run generates exactly max_new_tokens
     return model
 
