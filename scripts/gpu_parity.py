@@ -1,4 +1,4 @@
-"""bf16 parity with transformers on the GPU: a random checkpoint of a real Qwen3 shape, written by
+"""bf16 parity with transformers on the GPU: a random checkpoint of a real Qwen3 (or Qwen3-MoE) shape, written by
 transformers, loaded by both; logits of a prefill and of a paged decode step compared.
 
 Usage: python -m scripts.gpu_parity --config qwen3-0.6b --out DIR
@@ -31,7 +31,7 @@ def compare(path: Path, prompt_len: int) -> dict:
     import transformers
 
     device = torch.device("cuda")
-    theirs = transformers.Qwen3ForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
+    theirs = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16).to(device).eval()
     ours = load_model(ModelConfig(path=str(path)), device, torch.bfloat16)
     ours.build_rope_table(4096)
     ids = torch.randint(0, ours.config.vocab_size, (prompt_len,), device=device)

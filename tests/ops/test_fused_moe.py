@@ -151,3 +151,44 @@ def test_on_the_gpu_bf16_paths_agree_and_invariant_bits_do_not_depend_on_the_bat
     for t in (0, 7, 150, 299):
         alone = fused_moe(x[t : t + 1], w13, w2, ids[t : t + 1], weights[t : t + 1], invariant=True)
         assert torch.equal(alone[:, 0], whole[:, t])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_the_gpu_a_captured_layer_routes_padded_rows_nowhere():
+    """Routing and both expert kernels captured in a CUDA graph at 8 rows, 5 of them padding (their x NaN), every
+    expert no real row reaches NaN: replayed on new inputs, the padded rows' outputs are exactly 0 and the real rows'
+    are the reference's."""
+    from qwen3_runtime.ops.moe_routing import route
+
+    dev, num_experts, top_k, hidden, inter = "cuda", 128, 8, 2048, 768
+    gen = torch.Generator().manual_seed(0)
+    w13 = (torch.randn(num_experts, 2 * inter, hidden, generator=gen) * hidden**-0.5).to(dev, torch.bfloat16)
+    w2 = (torch.randn(num_experts, hidden, inter, generator=gen) * inter**-0.5).to(dev, torch.bfloat16)
+    x = torch.zeros(8, hidden, dtype=torch.bfloat16, device=dev)
+    logits = torch.zeros(8, num_experts, device=dev)
+    valid = torch.zeros(8, dtype=torch.bool, device=dev)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up (compilation) off the capture
+        fused_moe(x, w13, w2, *route(logits, valid, top_k, True))
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        ids, weights = route(logits, valid, top_k, True)
+        out = fused_moe(x, w13, w2, ids, weights)
+    real = torch.tensor([1, 4, 6])
+    x.copy_(torch.randn(8, hidden, generator=gen).to(torch.bfloat16))
+    x[~torch.isin(torch.arange(8), real)] = float("nan")
+    logits.copy_(torch.randn(8, num_experts, generator=gen))
+    valid.copy_(torch.isin(torch.arange(8), real))
+    want_ids, want_weights = route(logits, valid, top_k, True)
+    routed = torch.zeros(num_experts + 1, dtype=torch.bool, device=dev)
+    routed[want_ids.flatten().long()] = True
+    w13[~routed[:num_experts]], w2[~routed[:num_experts]] = float("nan"), float("nan")
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(ids, want_ids) and not out.isnan().any()
+    assert (out[:, ~valid] == 0).all()
+    ref = fused_moe_reference(x[valid], w13, w2, want_ids[valid], want_weights[valid])
+    assert (out[:, valid] - ref).abs().max() <= 0.05 * ref.abs().max()
