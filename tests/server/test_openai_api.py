@@ -301,3 +301,31 @@ def test_tokenize_detokenize_and_version_routes(http, client):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
     assert http.post("/tokenize", json={"model": "other", "prompt": "x"}).status_code == 404
     assert http.get("/version").json()["version"]
+
+
+def test_a_moe_model_serves_text_and_logprobs_as_offline(launch_server):
+    """Qwen3-MoE behind the same server (configs/tiny-moe.yaml): greedy streamed chat text with logprobs is the
+    offline Runtime's, its logprobs the offline ones, and a completion's prompt logprobs come back too."""
+    from qwen3_runtime import Runtime, ops
+
+    _, url = launch_server("--config", "tiny-moe")
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0, timeout=60)
+    model = client.models.list().data[0].id
+    messages = [{"role": "user", "content": "What is 2+2?"}]
+    stream = client.chat.completions.create(
+        model=model, messages=messages, max_tokens=6, temperature=0, logprobs=True, top_logprobs=2, stream=True
+    )
+    chunks = [c for c in stream if c.choices and c.choices[0].logprobs]
+    served = [t.logprob for c in chunks for t in c.choices[0].logprobs.content]
+    saved, ops.TRITON_INTERPRET = ops.TRITON_INTERPRET, False
+    try:
+        rt = Runtime.from_yaml("tiny-moe")
+        tok = rt.tokenizer
+        out = rt.generate([tok.encode(tok.apply_chat_template(messages))], SamplingParams(max_tokens=6, temperature=0))
+    finally:
+        ops.TRITON_INTERPRET = saved
+    expected = out[0].token_ids
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == shown(tok, expected, 6)
+    assert len(served) == len(expected)
+    echoed = client.completions.create(model=model, prompt="2+2", max_tokens=1, echo=True, logprobs=1)
+    assert echoed.choices[0].logprobs.token_logprobs[1] is not None
