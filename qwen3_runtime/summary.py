@@ -29,6 +29,8 @@ class EngineSummary:
     decode_graph_buckets: tuple[int, ...]  # padded batch sizes with captured CUDA graphs (none: eager)
     prefill_graph_buckets: tuple[int, ...]  # padded token counts with captured CUDA graphs
     capture_s: float
+    # A MoE model's (sparse layers, experts in each, experts a token takes); None for a dense model.
+    experts: tuple[int, int, int] | None = None
 
     @classmethod
     def of(cls, rt: Runtime, given_max_model_len: int | None) -> EngineSummary:
@@ -61,16 +63,26 @@ class EngineSummary:
             decode_graph_buckets=tuple(sorted({size for size, _ in graphs[0]})),
             prefill_graph_buckets=tuple(sorted({size for size, _ in graphs[1]})),
             capture_s=rt.stats.capture_s,
+            experts=(arch.num_sparse_layers, arch.num_experts, arch.num_experts_per_tok)
+            if hasattr(arch, "num_experts")
+            else None,
         )
 
     def __str__(self) -> str:
         threads = f" with {self.cpu_threads} thread{'s' * (self.cpu_threads > 1)}" if self.device == "cpu" else ""
         return (
-            f"model: {self.weights}, {_count(self.num_parameters)} parameters ({self.num_layers} layers, hidden "
-            f"{self.hidden_size}, {self.num_heads}/{self.num_kv_heads} heads, vocab {self.vocab_size}); "
+            f"model: {self.weights}, {_count(self.num_parameters)} parameters ({self.num_layers} layers"
+            f"{self._experts()}, hidden {self.hidden_size}, {self.num_heads}/{self.num_kv_heads} heads, vocab "
+            f"{self.vocab_size}); "
             f"{self.dtype} on {self.device}{threads}; max_model_len {self.max_model_len} ({self.max_model_len_from}), "
             f"max_num_seqs {self.max_num_seqs}; KV cache {self.kv_cache_tokens} tokens; CUDA graphs: {self._graphs()}"
         )
+
+    def _experts(self) -> str:
+        if self.experts is None:
+            return ""
+        sparse, experts, top_k = self.experts
+        return f", {sparse} sparse of {experts} experts, {top_k} per token"
 
     def _graphs(self) -> str:
         kinds = [

@@ -37,3 +37,8 @@ def test_a_gpu_engine_names_its_checkpoint_limits_and_graphs():
 def test_a_cpu_engine_says_its_threads_and_no_graphs():
     cpu = replace(GPU, device="cpu", cpu_threads=1, decode_graph_buckets=(), prefill_graph_buckets=())
     assert "; bfloat16 on cpu with 1 thread; " in str(cpu) and str(cpu).endswith("; CUDA graphs: none")
+
+
+def test_a_moe_engine_counts_its_sparse_layers_and_experts():
+    moe = replace(GPU, num_layers=48, experts=(48, 128, 8))
+    assert "parameters (48 layers, 48 sparse of 128 experts, 8 per token, hidden 1024," in str(moe)
