@@ -115,11 +115,13 @@ def tune_shape(num_experts: int, hidden: int, inter: int, top_k: int, token_coun
                 f"(default {times[default]:8.1f}), {distinct:5.1f} experts at {gbs:6.0f} GB/s  {best}",
                 flush=True,
             )
-    dev = device_name(torch.device("cuda"))
-    for kernel, weight in (("gate_up", w13), ("down", w2)):
-        path = out_dir / config_file_name(*weight.shape, top_k, weight.dtype, dev)
-        path.write_text(json.dumps(tuned[kernel], indent=1) + "\n")
-        print(f"wrote {path}")
+        # Written after each token count: a run stopped early keeps the counts it tuned (the lookup takes the
+        # nearest count at or above a call's, else the largest).
+        dev = device_name(torch.device("cuda"))
+        for kernel, weight in (("gate_up", w13), ("down", w2)):
+            path = out_dir / config_file_name(*weight.shape, top_k, weight.dtype, dev)
+            path.write_text(json.dumps(tuned[kernel], indent=1) + "\n")
+    print(f"wrote {out_dir}: {', '.join(tuned['down'])} tokens")
 
 
 def main() -> None:

@@ -140,7 +140,10 @@ def test_tiny_moe_generates_text(capsys):
     )
     assert rc == 0, err
     lines = out.splitlines()
-    assert lines[0].startswith("model: random weights (seed 0), ") and "(4 layers, hidden 64, " in lines[0]
+    assert (
+        lines[0].startswith("model: random weights (seed 0), ")
+        and "(4 layers, 3 sparse of 8 experts, 2 per token, hidden 64, " in lines[0]
+    )
     assert lines[1].startswith("[0] prompt 7 tokens -> 3 tokens") and lines[2].startswith("    text: '")
 
 
