@@ -3,6 +3,7 @@
 #   [QUICK=1] bash scripts/gpu_check.sh [tests] [repeat] [parity] [profile] [timeline] [decode] [kernels] [tiles]
 #                                      [balance] [reduce] [lm_head] [logprobs] [sampling] [prefill] [prefill_e2e]
 #                                      [sampled] [arrivals] [serving] [soak] [soak_replay]
+#                                      [moe_tune] [moe_decode] [moe_logprobs] [moe_profile] [moe_prefill]
 #   (prefill_e2e, arrivals, serving and soak need the server's wheels: bench_prefill and bench_serve parse with
 #   pydantic_core)
 #   (default: all; QUICK=1: decode and logprobs with fewer tokens and repetitions, a few minutes)
@@ -53,6 +54,15 @@ for step in $steps; do
     soak_replay) run python3 -m scripts.soak --replay-from /tmp/soak_load.pkl --config qwen3-4b \
                    --set engine.num_kv_blocks=4096 --set engine.max_model_len=4096 --set engine.batch_invariant=true \
                    --replay-group 64 --tie-tol 0 --out "$OUT/soak.json" ;;
+    # Qwen3-30B-A3B (random bf16 weights): the expert kernels' tiles tuned for this GPU (the files' names carry '='
+    # and ',', which $OUT does not bring back: a tar does), then its decode, logprobs, profile and prefill.
+    moe_tune) run python3 -m scripts.tune_moe && tar -C qwen3_runtime/ops -cf "$OUT/moe_configs.tar" moe_configs ;;
+    moe_decode) run python3 -m scripts.bench_decode --config qwen3-30b-a3b --modes graph-async --repeats 3 \
+                  --max-tokens 64 --batch 1 8 32 64 --hf-batch 1 8 --out "$OUT/moe_decode" ;;
+    moe_logprobs) run python3 -m scripts.bench_logprobs --config qwen3-30b-a3b --quick --out "$OUT/moe_logprobs" ;;
+    moe_profile) run python3 -m scripts.profile_decode --config qwen3-30b-a3b --batch 1 8 32 64 --out "$OUT/moe_profile" ;;
+    moe_prefill) run python3 -m scripts.bench_prefill --config qwen3-30b-a3b --parts shapes --shapes 1x4096 8x1024 \
+                   --out "$OUT/moe_prefill" ;;
     *) echo "unknown step $step"; status=1 ;;
   esac
 done

@@ -3,8 +3,9 @@ shape, per kernel, expert count, token count and GPU.
 
 Tuned configurations are JSON files in `moe_configs/` (written by scripts/tune_moe.py), one per kernel shape and
 GPU, named by `config_file_name`: {"<tokens>": {MoeConfig's fields}, ...}. A call takes the entry of the smallest
-token count at least its own (else the largest), so a captured graph's bucket always gets the same one. Without a
-file (and always on the CPU), `default_config` decides.
+token count at least its own, so a captured graph's bucket always gets the same one. Past a file's largest count
+(a file tuned at decode sizes leaves prefills untuned), without a file, and always on the CPU, `default_config`
+decides.
 """
 
 from __future__ import annotations
@@ -60,12 +61,12 @@ def config_file_name(num_experts: int, n: int, k: int, top_k: int, dtype: torch.
 
 
 def tuned_config(path: Path, tokens: int) -> MoeConfig | None:
-    """The file's entry for `tokens` tokens (that of the smallest count at least `tokens`, else the largest), None
-    without a file."""
+    """The file's entry for `tokens` tokens (that of the smallest count at least `tokens`); None without a file or
+    past its largest count."""
     if not path.is_file():
         return None
     entries = sorted((int(at), MoeConfig(**fields)) for at, fields in json.loads(path.read_text()).items())
-    return next((config for at, config in entries if at >= tokens), entries[-1][1])
+    return next((config for at, config in entries if at >= tokens), None)
 
 
 def lookup(weight: torch.Tensor, tokens: int, top_k: int, invariant: bool = False) -> MoeConfig:

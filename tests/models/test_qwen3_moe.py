@@ -128,10 +128,10 @@ def test_batch_invariant_mode_serves_moe(make_runtime, tiny_moe_checkpoint):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_on_the_gpu_bf16_through_every_captured_bucket_matches_transformers(make_checkpoint):
     """A small MoE (64 experts, top 8, both layer kinds) written by transformers in bf16 and served on the GPU with
-    CUDA graphs, every decode bucket captured: batches of 1, 3 and 8 requests (3 rides bucket 4 with a padded row)
-    give logprobs within bf16 rounding of transformers' fp32 forward over the same bf16 weights, teacher-forced on
-    our tokens, and each greedy token is transformers' best or within that rounding of it (random weights leave
-    near-ties)."""
+    CUDA graphs, every decode bucket captured: batches of 1, 3 and 8 requests (3 rides bucket 4 with a padded row).
+    Against transformers' fp32 forward over the same bf16 weights, teacher-forced on our tokens, our logprobs err
+    no more than twice transformers' own bf16 forward does (at least 0.02), and each greedy token is the fp32
+    forward's best or within that error of it (random weights leave near-ties)."""
     import transformers
 
     from qwen3_runtime import Runtime
@@ -148,17 +148,26 @@ def test_on_the_gpu_bf16_through_every_captured_bucket_matches_transformers(make
         },
     )
     assert {size for size, _ in rt.runner.graphs.graphs} == set(rt.runner.graphs.buckets) == {1, 2, 4, 8}
-    theirs = transformers.Qwen3MoeForCausalLM.from_pretrained(path, dtype=torch.float32).cuda().eval()
+    fp32, bf16 = (
+        transformers.Qwen3MoeForCausalLM.from_pretrained(path, dtype=dtype).cuda().eval()
+        for dtype in (torch.float32, torch.bfloat16)
+    )
+
+    def logprobs(model, ids: list[int]) -> torch.Tensor:
+        with torch.no_grad():
+            return model(torch.tensor([ids], device="cuda")).logits[0].double().log_softmax(-1).cpu()
+
     gen = torch.Generator().manual_seed(0)
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=1)
     for batch in (1, 3, 8):
         prompts = [torch.randint(0, 2048, (int(n),), generator=gen).tolist() for n in torch.randint(5, 60, (batch,))]
         for prompt, out in zip(prompts, rt.generate(prompts, params)):
-            with torch.no_grad():
-                ref = theirs(torch.tensor([prompt + out.token_ids], device="cuda")).logits[0].double().log_softmax(-1)
-            ref = ref[len(prompt) - 1 : -1].cpu()
+            steps = torch.arange(len(out.token_ids)) + len(prompt) - 1
+            ref, theirs = (logprobs(m, prompt + out.token_ids)[steps] for m in (fp32, bf16))
+            tokens = torch.tensor(out.token_ids)
+            chosen = ref[torch.arange(len(tokens)), tokens]
+            tolerance = max(0.02, 2 * (theirs - ref).gather(1, tokens[:, None]).abs().max().item())
             ours = torch.tensor([lp.logprob for lp in out.logprobs], dtype=torch.float64)
-            chosen = ref[torch.arange(len(out.token_ids)), out.token_ids]
-            assert (ours - chosen).abs().max() <= 0.05
-            assert (ref.max(-1).values - chosen).max() <= 0.05
+            assert (ours - chosen).abs().max() <= tolerance
+            assert (ref.max(-1).values - chosen).max() <= tolerance
     rt.close()

@@ -123,7 +123,7 @@ def test_tuned_configurations_come_from_the_file_by_token_count(tmp_path):
     small, large = SCAN._replace(block_n=64), SORTED._replace(block_m=128)
     path.write_text(json.dumps({"1": SCAN._asdict(), "8": small._asdict(), "4096": large._asdict()}))
     picks = [tuned_config(path, tokens) for tokens in (1, 2, 8, 9, 4096, 10000)]
-    assert picks == [SCAN, small, small, large, large, large]  # the smallest count at least T, else the largest
+    assert picks == [SCAN, small, small, large, large, None]  # the smallest count at least T; past them, none
 
 
 def test_lookup_defaults_without_a_file():
