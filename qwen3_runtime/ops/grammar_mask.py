@@ -32,12 +32,13 @@ def _grammar_mask_kernel(
     source = tl.load(mask_row_ptr + row).to(tl.int64)
     if source < 0:
         return
-    ids = tl.program_id(1) * CHUNK + tl.arange(0, CHUNK)
-    in_vocab = ids < vocab
-    words = tl.load(bitmask_ptr + source * stride_bitmask + ids // 32, mask=in_vocab, other=-1)
-    banned = ((words >> (ids % 32)) & 1) == 0  # arithmetic shift: bit 31 reads right too
-    minus_inf = tl.full([CHUNK], float("-inf"), tl.float32)
-    tl.store(logits_ptr + row * stride_logits + ids, minus_inf, mask=in_vocab & banned)
+    words = tl.program_id(1) * (CHUNK // 32) + tl.arange(0, CHUNK // 32)  # this chunk's words of the bitmask row
+    bits = tl.arange(0, 32)
+    ids = words[:, None] * 32 + bits[None, :]  # [CHUNK // 32, 32]: the chunk's tokens in order
+    word = tl.load(bitmask_ptr + source * stride_bitmask + words, mask=words * 32 < vocab, other=-1)
+    banned = ((word[:, None] >> bits[None, :]) & 1) == 0  # arithmetic shift: bit 31 reads right too
+    minus_inf = tl.full([CHUNK // 32, 32], float("-inf"), tl.float32)
+    tl.store(logits_ptr + row * stride_logits + ids, minus_inf, mask=(ids < vocab) & banned)
 
 
 def apply_grammar_mask(logits: torch.Tensor, bitmask: torch.Tensor, mask_row: torch.Tensor) -> None:
