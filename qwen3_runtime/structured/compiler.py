@@ -75,6 +75,9 @@ class ConstraintCompiler:
         mine: Future[xgr.CompiledGrammar] = Future()
 
         def finish(done: Future[xgr.CompiledGrammar]) -> None:
+            if done.cancelled():  # closed before it started
+                mine.cancel()
+                return
             error = done.exception()
             if error is None:
                 mine.set_result(done.result())

@@ -132,3 +132,22 @@ def test_compiling_runs_in_the_worker_thread(tok):
     small.compile(OutputConstraint.regex("a+"))
     assert names[0].startswith("grammar-compile") and names[0] != threading.current_thread().name
     small.close()
+
+
+def test_closing_cancels_what_has_not_started(tok):
+    small = ConstraintCompiler(tok, 512, [7])
+    started, release = threading.Event(), threading.Event()
+    real = small._compiler
+
+    class Blocking:
+        def compile_regex(self, pattern: str):
+            started.set()
+            release.wait()
+            return real.compile_regex(pattern)
+
+    small._compiler = Blocking()
+    running, waiting = small.submit(OutputConstraint.regex("a")), small.submit(OutputConstraint.regex("b"))
+    started.wait()
+    small.close()
+    release.set()
+    assert running.result() is not None and waiting.cancelled()
