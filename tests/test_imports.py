@@ -37,6 +37,11 @@ def test_the_cli_and_the_api_process_import_neither_torch_nor_triton(module):
     assert not loaded_after_import(module) & {"torch", "triton"}
 
 
+def test_a_structured_output_constraint_is_built_without_torch_or_xgrammar():
+    """The API process checks constraints (structured/spec.py); only the engine compiles them."""
+    assert not loaded_after_import("qwen3_runtime.structured.spec") & {"torch", "triton", "xgrammar"}
+
+
 def test_the_runtime_still_brings_them():
     assert {"torch", "triton"} <= loaded_after_import("qwen3_runtime.runtime")
 
