@@ -14,6 +14,7 @@ from qwen3_runtime.layers.build import LayerBuild, parameter
 from qwen3_runtime.layers.linear import fp32_product
 from qwen3_runtime.layers.loading import Route, copy_checked
 from qwen3_runtime.ops.fused_moe import fused_moe
+from qwen3_runtime.ops.linear import skinny_fp32_partials
 from qwen3_runtime.ops.moe_routing import route
 
 
@@ -26,8 +27,9 @@ class Router(nn.Module):
         self.weight = parameter(build, num_experts, hidden_size)
 
     def forward(self, x: torch.Tensor, invariant: bool = False) -> torch.Tensor:
-        """fp32 router logits [T, experts]."""
-        return fp32_product(x, self.weight, invariant=invariant)
+        """fp32 router logits [T, experts], or [S, T, experts] partial sums of them, which routing adds."""
+        parts = None if invariant else skinny_fp32_partials(x, self.weight)
+        return fp32_product(x, self.weight, invariant=invariant) if parts is None else parts
 
 
 class ExpertWeights(nn.Module):

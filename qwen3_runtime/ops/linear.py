@@ -294,6 +294,13 @@ def linear_partials(
     return out
 
 
+def skinny_fp32_partials(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor | None:
+    """x @ weight^T as [S, T, N] fp32 partial sums by the skinny kernel where it takes x (up to FUSED_MAX_ROWS rows),
+    else None: for a small product whose consumer adds the partials itself (the MoE router's logits, which routing
+    sums), where cuBLAS's fp32-output product is slower at decode sizes."""
+    return linear_partials(x, weight) if _skinny(x, False, FUSED_MAX_ROWS) else None
+
+
 def mlp_partials(
     x: torch.Tensor,
     gate_up_weight: torch.Tensor,

@@ -1,5 +1,7 @@
 """Routing tokens to experts: softmax over the router's fp32 logits, the top k (ties to the lower expert id),
-renormalised to sum to 1 when the model says so. Padded rows route nowhere: expert id E (one past the last), weight
+renormalised to sum to 1 when the model says so. The logits may come as [S, T, E] partial sums over slices of the
+hidden size (ops/linear.py's skinny kernel, which at decode sizes reads the router's weight faster than cuBLAS):
+added here, in fp32, before the softmax. Padded rows route nowhere: expert id E (one past the last), weight
 0, so the expert kernels read no weight for them."""
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ def _route_kernel(
     ids_ptr,
     weights_ptr,
     num_experts,
+    stride_part,
     stride_row,
+    NUM_PARTS: tl.constexpr,
     TOP_K: tl.constexpr,
     RENORMALIZE: tl.constexpr,
     BLOCK_E: tl.constexpr,
@@ -37,7 +41,10 @@ def _route_kernel(
     row = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, BLOCK_E)
     in_row = experts < num_experts
-    logits = tl.load(logits_ptr + row * stride_row + experts, mask=in_row, other=float("-inf")).to(tl.float32)
+    logits = tl.zeros([BLOCK_E], tl.float32)
+    for part in tl.static_range(NUM_PARTS):
+        offs = part * stride_part + row * stride_row + experts
+        logits += tl.load(logits_ptr + offs, mask=in_row, other=float("-inf")).to(tl.float32)
     exps = tl.exp(logits - tl.max(logits, axis=0))
     probs = exps / tl.sum(tl.where(in_row, exps, 0.0), axis=0)
     bits = probs.to(tl.int32, bitcast=True).to(tl.int64) & 0xFFFFFFFF
@@ -65,25 +72,28 @@ def _route_kernel(
 def route(
     router_logits: torch.Tensor, valid: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """router_logits [T, E] fp32 (bf16 or fp16 are taken in fp32), valid [T] bool (False: a padded row) -> expert
-    ids [T, k] int32 (E where not valid) and their weights [T, k] fp32 (0 where not valid), each row's in descending
-    weight."""
+    """router_logits [T, E] fp32 (bf16 or fp16 are taken in fp32), or [S, T, E] partial sums of them; valid [T] bool
+    (False: a padded row) -> expert ids [T, k] int32 (E where not valid) and their weights [T, k] fp32 (0 where not
+    valid), each row's in descending weight."""
     if not use_triton(router_logits):
         return route_reference(router_logits, valid, top_k, renormalize)
-    tokens, num_experts = router_logits.shape
-    assert router_logits.is_floating_point() and router_logits.stride(1) == 1 and valid.dtype == torch.bool
+    parts = router_logits if router_logits.dim() == 3 else router_logits[None]
+    tokens, num_experts = parts.shape[1:]
+    assert parts.is_floating_point() and parts.stride(2) == 1 and valid.dtype == torch.bool
     assert 0 < top_k <= num_experts <= ID_MASK.value and valid.shape == (tokens,)
     ids = torch.empty(tokens, top_k, dtype=torch.int32, device=router_logits.device)
     weights = torch.empty(tokens, top_k, dtype=torch.float32, device=router_logits.device)
     block_e = triton.next_power_of_2(num_experts)
     if tokens:
         _route_kernel[(tokens,)](
-            router_logits,
+            parts,
             valid,
             ids,
             weights,
             num_experts,
-            router_logits.stride(0),
+            parts.stride(0),
+            parts.stride(1),
+            NUM_PARTS=parts.shape[0],
             TOP_K=top_k,
             RENORMALIZE=renormalize,
             BLOCK_E=block_e,
@@ -97,6 +107,8 @@ def route(
 def route_reference(
     router_logits: torch.Tensor, valid: torch.Tensor, top_k: int, renormalize: bool
 ) -> tuple[torch.Tensor, torch.Tensor]:
+    if router_logits.dim() == 3:
+        router_logits = router_logits.sum(0, dtype=torch.float32)
     num_experts = router_logits.shape[1]
     probs = torch.softmax(router_logits.float(), dim=-1)
     weights, ids = probs.sort(dim=-1, descending=True, stable=True)  # stable: ties keep the lower id first

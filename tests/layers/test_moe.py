@@ -95,3 +95,20 @@ def test_a_checkpoints_experts_land_in_their_stacks(tiny_moe_checkpoint):
         assert torch.equal(gate, tensors[name(f"experts.{e}.gate_proj")])
         assert torch.equal(up, tensors[name(f"experts.{e}.up_proj")])
         assert torch.equal(block.experts.w2_weight[e], tensors[name(f"experts.{e}.down_proj")])
+
+
+def test_the_router_gives_skinny_partials_at_decode_sizes_and_fp32_logits_above(monkeypatch):
+    """Under the interpreter (as on the GPU) up to FUSED_MAX_ROWS rows the router's logits come as the skinny
+    kernel's fp32 partial sums; their sum, and the full product above, are x @ weight^T."""
+    from qwen3_runtime.layers.build import LayerBuild
+    from qwen3_runtime.layers.moe import Router
+    from qwen3_runtime.ops.linear import FUSED_MAX_ROWS
+
+    router = Router(256, 8, LayerBuild(torch.float32))
+    router.weight.data.normal_(generator=torch.Generator().manual_seed(0))
+    for rows in (3, FUSED_MAX_ROWS + 1):
+        x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(rows))
+        logits = router(x)
+        assert logits.dtype == torch.float32 and logits.dim() == (3 if rows <= FUSED_MAX_ROWS else 2)
+        summed = logits.sum(0) if logits.dim() == 3 else logits
+        torch.testing.assert_close(summed, x @ router.weight.t(), rtol=1e-5, atol=1e-5)

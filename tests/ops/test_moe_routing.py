@@ -75,3 +75,14 @@ def test_non_finite_logits_still_route_to_distinct_experts():
 def test_no_rows():
     ids, weights = route(torch.randn(0, 8), torch.ones(0, dtype=torch.bool), 2, True)
     assert ids.shape == weights.shape == (0, 2)
+
+
+def test_partial_sums_of_the_logits_are_added_before_the_softmax():
+    """The router's logits as the skinny kernel's [S, T, E] slices of the hidden size: routed as their sum."""
+    gen = torch.Generator().manual_seed(5)
+    parts = torch.randn(3, 6, 128, generator=gen)
+    valid = torch.tensor([True, True, False, True, True, True])
+    ids, weights = route(parts, valid, 8, True)
+    ref_ids, ref_weights = route_reference(parts.sum(0), valid, 8, True)
+    assert torch.equal(ids, ref_ids)
+    torch.testing.assert_close(weights, ref_weights, rtol=1e-6, atol=1e-7)
