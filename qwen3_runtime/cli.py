@@ -123,6 +123,20 @@ def _serve_parser(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="the model's name in the API (requests naming another get a 404); default: the config's name",
     )
+    serve.add_argument(
+        "--reasoning-parser",
+        choices=["qwen3"],
+        default=None,
+        help="chat answers' thinking (<think>...</think>) in message.reasoning_content and .reasoning, apart from "
+        "the content; default: off (the thinking is content)",
+    )
+    serve.add_argument(
+        "--tool-call-parser",
+        choices=["hermes"],
+        default=None,
+        help="accept tools in chat requests and return the answer's <tool_call> blocks as tool_calls; default: off "
+        "(tools are a 400)",
+    )
 
 
 def _int_in(lo: int, hi: int | None):
@@ -160,6 +174,8 @@ def _serve(args: argparse.Namespace) -> int:
             args.max_request_bytes,
             args.served_model_name,
             args.max_choices_per_request,
+            args.reasoning_parser,
+            args.tool_call_parser,
         )
     except (*USER_ERRORS, EngineStartError, ListenError) as e:
         print(f"error: {e}", file=sys.stderr)

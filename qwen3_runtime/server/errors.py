@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 from fastapi.responses import JSONResponse
+from pydantic_core import PydanticCustomError
 
 _FIELD = re.compile(r"^([A-Za-z_]\w*)")
 
@@ -29,6 +30,11 @@ class APIError(Exception):
 
     def response(self) -> JSONResponse:
         return JSONResponse(self.body(), status_code=self.status)
+
+
+def refused(param: str, message: str) -> PydanticCustomError:
+    """A validation error whose 400 names `param` (validation_error reads it from the context)."""
+    return PydanticCustomError("unsupported", message, {"param": param})
 
 
 def body_not_utf8(e: UnicodeDecodeError) -> APIError:

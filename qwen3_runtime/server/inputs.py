@@ -10,6 +10,7 @@ from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.server.errors import APIError
 from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, _Request
 from qwen3_runtime.server.tokenize_protocol import TokenizeRequest
+from qwen3_runtime.server.tool_constraint import ToolConstraint, tool_constraint
 from qwen3_runtime.tokenizer import Tokenizer
 
 # The most engine requests (prompts x n) one HTTP request may create: OpenAI's cap on n, so any one-prompt request
@@ -32,6 +33,8 @@ class EngineInput:
     prompt_index: int  # which prompt of the HTTP request (usage counts each prompt once, however many choices)
     prompt: list[int]
     params: SamplingParams
+    # What tool_choice demands (required, a named function), for the grammar that will enforce it: data only yet.
+    tool_constraint: ToolConstraint | None = None
 
 
 def completion_prompts(req: CompletionRequest, tok: Tokenizer) -> list[list[int]]:
@@ -67,7 +70,11 @@ def chat_inputs(req: ChatCompletionRequest, ctx: InputContext) -> list[EngineInp
     if req.max_completion_tokens:
         rename["max_tokens"] = "max_completion_tokens"
     fields = dict(max_tokens=max_tokens, logprobs=logprobs)
-    return _expand(req, [chat_prompt(req, ctx.tok)], fields, ctx, rename)
+    inputs = _expand(req, [chat_prompt(req, ctx.tok)], fields, ctx, rename)
+    constraint = tool_constraint(req.tools, req.tool_choice, req.parallel_tool_calls)
+    for x in inputs:
+        x.tool_constraint = constraint
+    return inputs
 
 
 def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tok: Tokenizer) -> list[int]:
@@ -82,6 +89,8 @@ def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tok: Tokenizer) ->
         if kwargs.pop(name, False) is not False:
             raise APIError(f"chat_template_kwargs.{name} is not supported by this server", "chat_template_kwargs")
     messages = [m.as_template_input() for m in req.messages]
+    if req.tools:  # as OpenAI's dicts, which Qwen3's template writes out whole
+        kwargs["tools"] = [tool.model_dump(exclude_none=True) for tool in req.tools]
     try:
         return tok.encode(tok.apply_chat_template(messages, add_generation_prompt, **kwargs))
     except Exception as e:  # the template's own errors (raise_exception, a bad message shape)

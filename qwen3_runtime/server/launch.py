@@ -13,6 +13,7 @@ import uvicorn
 from qwen3_runtime.config import load_config
 from qwen3_runtime.heap import freeze_startup_objects
 from qwen3_runtime.server.body_limit import DEFAULT_MAX_REQUEST_BYTES
+from qwen3_runtime.server.chat_output import ChatParsers
 from qwen3_runtime.server.engine_client import EngineClient
 from qwen3_runtime.server.inputs import DEFAULT_MAX_CHOICES
 from qwen3_runtime.server.metrics import ServerMetrics
@@ -58,13 +59,18 @@ def serve(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
     served_model_name: str | None = None,
     max_choices: int = DEFAULT_MAX_CHOICES,
+    reasoning_parser: str | None = None,
+    tool_call_parser: str | None = None,
 ) -> None:
     """served_model_name: the model's name in the API (default: the config's); max_choices: the most choices
-    (prompts x n) one request may ask for. Raises ConfigError for a bad config,
-    ListenError for an address it cannot listen on, EngineStartError when the engine cannot build the Runtime,
-    EngineDiedError once the engine process died while serving."""
+    (prompts x n) one request may ask for; reasoning_parser ("qwen3"), tool_call_parser ("hermes"): how chat answers
+    are split into thinking, content and tool calls (None: all content). Raises ConfigError for a bad config,
+    CheckpointError for a tokenizer without a parser's tags, ListenError for an address it cannot listen on,
+    EngineStartError when the engine cannot build the Runtime, EngineDiedError once the engine process died while
+    serving."""
     tokenizer = load_tokenizer(load_config(config, overrides).model)  # checks the config before a spawn
     tokenizer.load_token_tables()
+    parsers = ChatParsers.of(tokenizer, reasoning_parser, tool_call_parser)
     with listen(host, port) as sock:
         metrics = ServerMetrics()
         client = EngineClient(config, overrides, metrics)
@@ -86,6 +92,7 @@ def serve(
             ready.sampling_defaults,
             metrics,
             max_choices,
+            parsers,
         )
         app = build_app(state, api_key, max_request_bytes)
         freeze_startup_objects()

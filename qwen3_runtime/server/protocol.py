@@ -12,10 +12,11 @@ import logging
 from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from pydantic_core import PydanticCustomError
 
 from qwen3_runtime.params import MAX_REPETITION_PENALTY
 from qwen3_runtime.server.choice import TextOptions
+from qwen3_runtime.server.errors import refused
+from qwen3_runtime.server.tool_protocol import ChatTool, ToolChoice, check_tools
 from qwen3_runtime.validation import is_text
 
 log = logging.getLogger(__name__)
@@ -38,8 +39,6 @@ UNSUPPORTED: dict[str, tuple] = {
 UNSUPPORTED_COMPLETION = {**UNSUPPORTED, "suffix": (None, ""), "best_of": (None, SAME_AS_N)}
 UNSUPPORTED_CHAT = {
     **UNSUPPORTED,
-    "tools": (None, []),
-    "tool_choice": (None, "none", "auto"),  # with no tools (any are refused), "auto" calls none
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
     "response_format": (None, {"type": "text"}),
@@ -59,14 +58,9 @@ UNSUPPORTED_CHAT = {
 ROLES = ("system", "user", "assistant", "tool")
 TEMPLATE_ROLES = {"developer": "system"}
 # Known to OpenAI's API, and no effect on the output: accepted without a word.
-METADATA = frozenset({"user", "metadata", "store", "service_tier", "parallel_tool_calls", "prompt_cache_key"})
+METADATA = frozenset({"user", "metadata", "store", "service_tier", "prompt_cache_key"})
 _warned: set[str] = set()
 _MAX_WARNED = 1000  # a client inventing names cannot grow this (or the log) without bound
-
-
-def refused(param: str, message: str) -> PydanticCustomError:
-    """A validation error whose 400 names `param` (errors.validation_error reads it from the context)."""
-    return PydanticCustomError("unsupported", message, {"param": param})
 
 
 def unpaired_surrogate(body: dict) -> str | None:
@@ -213,7 +207,10 @@ class ChatMessage(BaseModel):
     def as_template_input(self) -> dict[str, Any]:
         """The message for the chat template (which joins text parts, tokenizer/chat_template.py), in the
         template's role."""
-        return {**self.model_dump(exclude_none=True), "role": TEMPLATE_ROLES.get(self.role, self.role)}
+        message = {**self.model_dump(exclude_none=True), "role": TEMPLATE_ROLES.get(self.role, self.role)}
+        if "reasoning" in message:  # vLLM's newer name for the thinking, which Qwen3's template reads as this
+            message.setdefault("reasoning_content", message["reasoning"])
+        return message
 
 
 class ChatCompletionRequest(_Request):
@@ -226,10 +223,15 @@ class ChatCompletionRequest(_Request):
     top_logprobs: int | None = Field(None, ge=0, le=20)
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: ToolChoice | None = None  # None: "auto" with tools, as OpenAI's default
+    parallel_tool_calls: bool | None = None  # false: at most one call
+    include_reasoning: bool = True  # vLLM's: false leaves the thinking out (with --reasoning-parser)
 
     @model_validator(mode="after")
     def _check_messages(self) -> ChatCompletionRequest:
         check_messages(self.messages)
+        check_tools(self.tools, self.tool_choice)
         return self
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from qwen3_runtime.params import RequestLimits
+from qwen3_runtime.server.chat_output import ChatParsers
 from qwen3_runtime.server.engine_client import EngineClient
 from qwen3_runtime.server.inputs import DEFAULT_MAX_CHOICES, InputContext
 from qwen3_runtime.server.metrics import ServerMetrics
@@ -24,6 +25,7 @@ class ServerState:
     sampling_defaults: dict[str, Any]  # the checkpoint's generation_config.json's, for fields a request leaves unset
     metrics: ServerMetrics
     max_choices: int = DEFAULT_MAX_CHOICES  # the most engine requests (prompts x n) one HTTP request may create
+    parsers: ChatParsers = ChatParsers()  # --reasoning-parser and --tool-call-parser (off by default)
 
     @property
     def inputs(self) -> InputContext:

@@ -7,11 +7,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from qwen3_runtime.server.protocol import UNSUPPORTED_CHAT, ChatMessage, check_messages, refuse_unless_off, refused
+from qwen3_runtime.server.errors import refused
+from qwen3_runtime.server.protocol import UNSUPPORTED_CHAT, ChatMessage, check_messages, refuse_unless_off
+from qwen3_runtime.server.tool_protocol import ChatTool
 
 TOKENIZE_UNSUPPORTED = {
     "return_token_strs": (None, False),
-    **{name: UNSUPPORTED_CHAT[name] for name in ("tools", "continue_final_message", "chat_template")},
+    **{name: UNSUPPORTED_CHAT[name] for name in ("continue_final_message", "chat_template")},
 }
 
 
@@ -25,6 +27,7 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None  # rendered by the chat template, as a chat request's are
     # Qwen3's tokenizer adds no special tokens to a text (no BOS), so either value gives the same ids.
     add_special_tokens: bool = True
 

@@ -131,3 +131,27 @@ def launch_server():
     for proc in started:
         proc.kill()
         proc.wait()
+
+
+@pytest.fixture(scope="session")
+def replay():
+    """replay(tok, out, ids, splits, stops=(), finish="stop") -> (whole MessageDelta, streamed delta fields): one
+    choice's tokens as the server reads them (updates cut at `splits`, Choice.delta after each) through the
+    ChatOutput `out`."""
+    from qwen3_runtime.request import RequestUpdate
+    from qwen3_runtime.server.chat_output import MessageDelta
+    from qwen3_runtime.server.choice import Choice, TextOptions
+
+    def run(tok, out, ids, splits, stops=(), finish="stop"):
+        choice = Choice(0, tok, TextOptions(list(stops)))
+        whole, chunks = MessageDelta(), []
+        bounds = [0, *(s for s in splits if 0 < s < len(ids)), len(ids)]
+        for a, b in zip(bounds, bounds[1:]):
+            choice.apply(RequestUpdate("r", ids[a:b], None, None, finish if b == len(ids) else None, None, 3))
+            text, token_ids, _, offsets = choice.delta()
+            delta = out.delta(text, token_ids, offsets, choice.finished)
+            chunks.append(delta.stream_fields())
+            whole.extend(delta)
+        return whole, chunks
+
+    return run

@@ -1,6 +1,7 @@
 """Request bodies -> engine requests, without a server: prompts, seeds per choice, max_tokens from the context, the
 400s' parameters and vLLM's words."""
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -140,4 +141,25 @@ def test_the_choices_of_one_request_are_bounded(ctx):
         chat_inputs(chat, replace(ctx, max_choices=4))
     assert info.value.param == "n" and info.value.message.startswith(
         "n=5 is out of range for 1 prompt: must be in [1, 4]"
+    )
+
+
+def test_a_tool_conversation_renders_as_qwen3s_template_writes_it():
+    """Tools in the system turn, an earlier call (its arguments a JSON string, as OpenAI sends them) with its
+    thinking (vLLM's `reasoning` read as the template's `reasoning_content`), and the tool's answer as a user turn."""
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    call = {"id": "call_1", "type": "function", "function": {"name": "weather", "arguments": '{"city":"Paris"}'}}
+    messages = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "reasoning": "Call it.", "tool_calls": [call]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
+    ]
+    ctx = InputContext(Tokenizer.builtin_qwen3(), replace(LIMITS, max_model_len=4096), {})
+    (inp,) = chat_inputs(ChatCompletionRequest(messages=messages, tools=tools), ctx)
+    text = ctx.tok.decode(inp.prompt)
+    assert text.startswith("<|im_start|>system\n# Tools\n") and f"<tools>\n{json.dumps(tools[0])}\n</tools>" in text
+    assert text.endswith(
+        "<|im_start|>user\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n<think>\nCall it.\n</think>\n\n"
+        '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call><|im_end|>\n'
+        "<|im_start|>user\n<tool_response>\n21 C\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
     )

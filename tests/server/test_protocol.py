@@ -22,8 +22,8 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
     [
         (COMPLETION, "best_of", 2),
         (COMPLETION, "suffix", "!"),
-        (CHAT, "tools", [TOOL]),
-        (CHAT, "tool_choice", "required"),
+        (CHAT, "functions", [TOOL["function"]]),  # OpenAI's deprecated names for tools and tool_choice
+        (CHAT, "function_call", {"name": "f"}),
         (CHAT, "response_format", {"type": "json_object"}),
     ],
 )

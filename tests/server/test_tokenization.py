@@ -5,7 +5,7 @@ from pydantic import ValidationError
 
 from qwen3_runtime.params import RequestLimits
 from qwen3_runtime.server.errors import APIError
-from qwen3_runtime.server.inputs import chat_inputs
+from qwen3_runtime.server.inputs import chat_inputs, chat_prompt
 from qwen3_runtime.server.protocol import ChatCompletionRequest
 from qwen3_runtime.server.state import ServerState
 from qwen3_runtime.server.tokenization import detokenize, tokenize
@@ -39,7 +39,6 @@ def test_text_and_chat_give_the_ids_a_request_would(state):
         ({"prompt": "a", "return_token_strs": True}, "return_token_strs"),
         # vLLM's chat fields the chat endpoint refuses: ignored, the ids would be those of another prompt
         ({"messages": [{"role": "user", "content": "b"}], "continue_final_message": True}, "continue_final_message"),
-        ({"messages": [{"role": "user", "content": "b"}], "tools": [{"type": "function"}]}, "tools"),
         ({"messages": [{"role": "user", "content": "b"}], "chat_template": "{{ 'x' }}"}, "chat_template"),
         ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}, "messages[0].content[0].type"),
     ],
@@ -48,6 +47,17 @@ def test_a_bad_tokenize_body_names_the_field(body, param):
     with pytest.raises(ValidationError) as info:
         TokenizeRequest(**body)
     assert info.value.errors()[0]["ctx"]["param"] == param
+
+
+def test_tools_are_rendered_as_a_chat_request_renders_them(state):
+    chat = {"messages": [{"role": "user", "content": "Hi"}]}
+    tools = [{"type": "function", "function": {"name": "now", "description": "The time"}}]
+    prompt = chat_prompt(ChatCompletionRequest(**chat, tools=tools), state.tokenizer)  # what chat_inputs sends
+    assert tokenize(TokenizeRequest(**chat, tools=tools), state)["tokens"] == prompt
+    assert len(prompt) > tokenize(TokenizeRequest(**chat), state)["count"]
+    assert '{"type": "function", "function": {"name": "now", "description": "The time"}}' in state.tokenizer.decode(
+        prompt
+    )
 
 
 def test_detokenize_is_decode_and_checks_the_ids(state):
