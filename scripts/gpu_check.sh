@@ -21,8 +21,10 @@ exec > >(tee "$OUT/gpu_check.log") 2>&1
 nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.sm --format=csv
 for step in $steps; do
   case $step in
-    # tests/server and tests/scripts have no GPU test, and collecting them needs the server's packages
-    tests)  run python3 -m pytest -m gpu -p no:cacheprovider -rs --ignore=tests/server --ignore=tests/scripts ;;
+    # tests/server, tests/scripts and tests/structured have no GPU test, and collecting them needs the server's
+    # packages and xgrammar
+    tests)  run python3 -m pytest -m gpu -p no:cacheprovider -rs --ignore=tests/server --ignore=tests/scripts \
+              --ignore=tests/structured ;;
     repeat) run python3 -m scripts.repeat_check --config qwen3-0.6b --repeats 5 ;;
     parity) run python3 -m scripts.gpu_parity --config qwen3-0.6b --out "$OUT" ;;
     profile) run python3 -m scripts.profile_decode --config qwen3-4b --batch 1 8 32 64 --out "$OUT" ;;
