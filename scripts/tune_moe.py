@@ -81,7 +81,10 @@ def tune_shape(num_experts: int, hidden: int, inter: int, top_k: int, token_coun
     w13 = torch.randn(num_experts, 2 * inter, hidden, device="cuda", dtype=torch.bfloat16) * hidden**-0.5
     w2 = torch.randn(num_experts, hidden, inter, device="cuda", dtype=torch.bfloat16) * inter**-0.5
     expert_bytes = {"gate_up": w13[0].numel() * 2, "down": w2[0].numel() * 2}
-    tuned: dict[str, dict[str, dict]] = {"gate_up": {}, "down": {}}
+    dev = device_name(torch.device("cuda"))
+    paths = {k: out_dir / config_file_name(*w.shape, top_k, w.dtype, dev) for k, w in (("gate_up", w13), ("down", w2))}
+    # Counts tuned before and not asked for now stay (a run for prefill counts keeps the decode ones).
+    tuned = {k: json.loads(path.read_text()) if path.is_file() else {} for k, path in paths.items()}
     for tokens in token_counts:
         # Enough routings that one graph replay reads more weights than L2 holds, fewer for the long products.
         routes = routings(tokens, num_experts, top_k, 8 if tokens <= 256 else 2)
@@ -117,10 +120,9 @@ def tune_shape(num_experts: int, hidden: int, inter: int, top_k: int, token_coun
             )
         # Written after each token count: a run stopped early keeps the counts it tuned (the lookup takes the
         # nearest count at or above a call's, else the largest).
-        dev = device_name(torch.device("cuda"))
-        for kernel, weight in (("gate_up", w13), ("down", w2)):
-            path = out_dir / config_file_name(*weight.shape, top_k, weight.dtype, dev)
-            path.write_text(json.dumps(tuned[kernel], indent=1) + "\n")
+        for kernel, path in paths.items():
+            entries = sorted(tuned[kernel].items(), key=lambda entry: int(entry[0]))
+            path.write_text(json.dumps(dict(entries), indent=1) + "\n")
     print(f"wrote {out_dir}: {', '.join(tuned['down'])} tokens")
 
 
