@@ -126,9 +126,12 @@ class ModelRunner:
     def overlappable(self, step: StepInFlight) -> bool:
         """Whether a launched step may stay in flight while the next one runs (async scheduling): not when a
         row takes the host logprobs path, which reads the step's logits after the wait, nor with prompt
-        logprobs, unpacked from one prefill-wide buffer after the wait (the next step reuses either)."""
+        logprobs, unpacked from one prefill-wide buffer after the wait (the next step reuses either), nor with a
+        constrained row: the next step's mask must account for this step's token, so the grammar must see it first
+        (phase 1 of issue 71: constrained steps run synchronously; unconstrained batches keep the overlap)."""
         on_host = any(self.tail.routing.on_host(req.params.logprobs) for req in step.reqs)
-        return self.async_scheduling and not on_host and not step.prompt_logprob_spans
+        constrained = any(req.constrained for req in step.reqs)
+        return self.async_scheduling and not on_host and not step.prompt_logprob_spans and not constrained
 
     @torch.inference_mode()
     def launch_decode(self, reqs: list[Request], previous: StepInFlight | None = None) -> StepInFlight:
@@ -136,8 +139,10 @@ class ModelRunner:
         flight) takes as input the token that step samples for it, read on the device."""
         padded_rows = self.graphs.padded_size(len(reqs))
         self.stager.stage(reqs, padded_rows, _previous_rows(reqs, previous))
+        tail = self.tail.variant(reqs)
+        self.tail.stage(reqs, padded_rows, tail)
         long_rows = padded_rows in self.long_row_splits and max(req.num_tokens for req in reqs) >= LONG_ROW_TOKENS
-        lp_logits = self.graphs.run(len(reqs), GraphVariant(self.tail.variant(reqs), long_rows))
+        lp_logits = self.graphs.run(len(reqs), GraphVariant(tail, long_rows))
         self.stats.decode_steps += 1
         return self._copy_out(reqs, lp_logits)
 
@@ -161,9 +166,11 @@ class ModelRunner:
         if reqs:
             self.tail.acquire(reqs)  # before staging: the slot is a request constant
             self.stager.stage(reqs, len(reqs))
+            tail = self.tail.variant(reqs)
+            self.tail.stage(reqs, len(reqs), tail)
             if logits is None:
                 logits = self._prefill_logits(hidden[self._tensor(sample_rows)])
-            lp_logits = self._sample(logits, len(reqs), self.tail.variant(reqs))
+            lp_logits = self._sample(logits, len(reqs), tail)
         self.stats.prefill_steps += 1
         return self._copy_out(reqs, lp_logits, prompt_spans)
 
