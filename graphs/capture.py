@@ -48,25 +48,28 @@ class StepGraphs:
             variants if callable(variants) else lambda _, every=list(variants): every
         )
         self.graphs: dict[tuple[int, Hashable], tuple[torch.cuda.CUDAGraph, Any]] = {}
+        self._pool: Any = None
 
     def padded_size(self, num_rows: int) -> int:
         """The bucket a batch of `num_rows` is padded to (itself when over the largest bucket)."""
         i = bisect.bisect_left(self.buckets, num_rows)
         return self.buckets[i] if i < len(self.buckets) else num_rows
 
-    def capture(self) -> None:
-        """Largest bucket first, so smaller graphs reuse its memory in the one shared pool."""
-        pool = torch.cuda.graph_pool_handle()
-        variants = dict.fromkeys(v for bucket in self.buckets for v in self.variants_of(bucket))
-        for variant in variants:
+    def capture(self, variants: Callable[[Hashable], bool] = lambda _: True) -> None:
+        """The variants `variants` picks, of every bucket that has them; largest bucket first, so smaller graphs
+        reuse its memory in the one shared pool. A later call (variants first needed later) adds to that pool."""
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        every = dict.fromkeys(v for bucket in self.buckets for v in self.variants_of(bucket))
+        for variant in filter(variants, every):
             for padded_rows in reversed(self.buckets):
-                if variant not in self.variants_of(padded_rows):
+                if variant not in self.variants_of(padded_rows) or (padded_rows, variant) in self.graphs:
                     continue
                 for _ in range(WARMUP_RUNS):
                     self.step(padded_rows, variant)
                 torch.cuda.synchronize()
                 graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
+                with torch.cuda.graph(graph, pool=self._pool):
                     outputs = self.step(padded_rows, variant)
                 self.graphs[(padded_rows, variant)] = (graph, outputs)
         torch.cuda.synchronize()
@@ -77,7 +80,7 @@ class StepGraphs:
         captured = self.graphs.get((padded_rows, variant))
         if captured is None:
             variants = self.variants_of(min(padded_rows, self.buckets[-1]))
-            if self.graphs and variant not in variants:
+            if self.graphs and (variant not in variants or padded_rows <= self.buckets[-1]):
                 raise KeyError(f"variant {variant!r} was not captured for {padded_rows} rows (variants: {variants})")
             return self.step(padded_rows, variant)
         graph, outputs = captured

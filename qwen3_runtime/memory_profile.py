@@ -67,7 +67,10 @@ def worst_step_bytes(runner: ModelRunner, config: Config, dtype: torch.dtype) ->
     prefill_peak, decode_peak = peaks
     if on_host:
         prefill_peak += config.logprobs.prompt_chunk_size * arch.vocab_size * 4
-    return decode_peak + 2 * prefill_peak
+    # The masked tail (structured outputs), which the profile's requests do not take, adds an unmasked copy of the
+    # logits and the raw rows' restore: [rows, V] fp32 each.
+    masked = 2 * rows * arch.vocab_size * 4
+    return decode_peak + 2 * prefill_peak + masked
 
 
 def _request(request_id: int, prompt: list[int], params: SamplingParams, table: list[int]) -> Request:

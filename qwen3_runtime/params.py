@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from qwen3_runtime.structured.spec import OutputConstraint
 from qwen3_runtime.validation import (
     as_bool,
     check_choice,
@@ -65,6 +66,12 @@ class SamplingParams:
     min_p: float = 0.0
     # token id -> a number added to its logit before the penalties (OpenAI's and vLLM's order); None: none.
     logit_bias: dict[int, float] | None = None
+    # What the output must match (structured outputs); None: anything. The grammar's end finishes the request
+    # with "stop", ignore_eos or not.
+    constraint: OutputConstraint | None = None
+    # The token id after which the constraint holds (</think> when the answer follows a thinking block); None: from
+    # the first generated token.
+    constraint_after: int | None = None
 
     def __post_init__(self) -> None:
         """Check every field and normalise NumPy numbers to Python ones. Runs again at submission
@@ -94,6 +101,10 @@ class SamplingParams:
         self.min_p = check_float("min_p", self.min_p, lo=0, hi=1)
         if self.logit_bias is not None:
             self.logit_bias = _check_logit_bias(self.logit_bias)
+        if self.constraint is not None and not isinstance(self.constraint, OutputConstraint):
+            raise invalid("constraint", self.constraint, "an OutputConstraint")
+        if self.constraint_after is not None:
+            self.constraint_after = check_int("constraint_after", self.constraint_after, lo=0, note="a token id")
 
     @property
     def greedy(self) -> bool:
@@ -163,6 +174,8 @@ def check_request(prompt: object, params: object, limits: RequestLimits) -> tupl
             "which counts the generated tokens too"
         )
     check_token_ids("stop_token_ids", params.stop_token_ids, vocab)
+    if params.constraint_after is not None:
+        check_range("constraint_after", params.constraint_after, 0, vocab, hi_open=True, note="a token id")
     for token in params.logit_bias or ():
         check_range("logit_bias key", token, 0, vocab, hi_open=True, note="a token id of the model's vocabulary")
     suppressed = params.min_tokens_stop_ids(limits.eos_token_ids)

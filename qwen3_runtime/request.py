@@ -11,7 +11,10 @@ from qwen3_runtime.packed_rows import StepLogprobs, plain_logprobs
 from qwen3_runtime.params import SamplingParams
 
 if TYPE_CHECKING:
+    from concurrent.futures import Future
+
     from qwen3_runtime.logprobs import TokenLogprob
+    from qwen3_runtime.structured.matcher import ConstraintMatcher
 
 
 # The output slot of a token sampled by a launched step and not read yet. A step reserves a slot per
@@ -49,6 +52,10 @@ class Request:
     arrival_time: float = 0.0
     first_token_time: float | None = None
     finished_time: float | None = None
+    # Structured outputs: the grammar being compiled (until it is ready the request is not scheduled), then the
+    # matcher every emitted token advances.
+    grammar: Future | None = field(default=None, repr=False)
+    matcher: ConstraintMatcher | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.logprobs = StepLogprobs(self.params.logprobs or 0)
@@ -68,6 +75,16 @@ class Request:
     def reserve_output_slot(self) -> int:
         self.output.append(PENDING)
         return len(self.output) - 1
+
+    @property
+    def awaiting_grammar(self) -> bool:
+        """Constrained, its grammar not compiled yet: the scheduler does not admit it."""
+        return self.params.constraint is not None and self.matcher is None
+
+    @property
+    def constrained(self) -> bool:
+        """Whether its rows take a bitmask row (the masked tail) and are read before the next step launches."""
+        return self.matcher is not None
 
     @property
     def needs_prompt_logprobs(self) -> bool:

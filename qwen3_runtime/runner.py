@@ -119,25 +119,35 @@ class ModelRunner:
             start = time.perf_counter()
             with torch.inference_mode():
                 if not self.batch_invariant:  # every step then runs as a prefill step
-                    self.graphs.capture()
+                    self.graphs.capture(lambda key: not key.tail.masked)  # the masked ones on first need
                 self.prefill_graphs.capture()
             self.stats.capture_s = time.perf_counter() - start
 
+    def _capture_masked(self) -> None:
+        """The masked variants, at the first constrained decode step (none in flight: such steps are read first)."""
+        if self.graphs.graphs and not any(key.tail.masked for _, key in self.graphs.graphs):
+            self.stager.stage([], self.graphs.buckets[-1])  # on padding alone, as at the start
+            self.graphs.capture(lambda key: key.tail.masked)
+
     def overlappable(self, step: StepInFlight) -> bool:
-        """Whether a launched step may stay in flight while the next one runs (async scheduling): not when a
-        row takes the host logprobs path, which reads the step's logits after the wait, nor with prompt
-        logprobs, unpacked from one prefill-wide buffer after the wait (the next step reuses either)."""
-        on_host = any(self.tail.routing.on_host(req.params.logprobs) for req in step.reqs)
-        return self.async_scheduling and not on_host and not step.prompt_logprob_spans
+        """Whether a launched step may stay in flight while the next one runs (async scheduling): not with a row
+        on the host logprobs path or prompt logprobs (read from buffers the next step reuses), nor with a
+        constrained row (the next step's mask must account for this step's token)."""
+        waits = any(self.tail.routing.on_host(r.params.logprobs) or r.constrained for r in step.reqs)
+        return self.async_scheduling and not waits and not step.prompt_logprob_spans
 
     @torch.inference_mode()
     def launch_decode(self, reqs: list[Request], previous: StepInFlight | None = None) -> StepInFlight:
         """Stage and run a decode step without waiting for it. A request also in `previous` (the step in
         flight) takes as input the token that step samples for it, read on the device."""
         padded_rows = self.graphs.padded_size(len(reqs))
+        tail = self.tail.variant(reqs)
+        if tail.masked:
+            self._capture_masked()
         self.stager.stage(reqs, padded_rows, _previous_rows(reqs, previous))
+        self.tail.stage(reqs, padded_rows, tail)
         long_rows = padded_rows in self.long_row_splits and max(req.num_tokens for req in reqs) >= LONG_ROW_TOKENS
-        lp_logits = self.graphs.run(len(reqs), GraphVariant(self.tail.variant(reqs), long_rows))
+        lp_logits = self.graphs.run(len(reqs), GraphVariant(tail, long_rows))
         self.stats.decode_steps += 1
         return self._copy_out(reqs, lp_logits)
 
@@ -161,9 +171,11 @@ class ModelRunner:
         if reqs:
             self.tail.acquire(reqs)  # before staging: the slot is a request constant
             self.stager.stage(reqs, len(reqs))
+            tail = self.tail.variant(reqs)
+            self.tail.stage(reqs, len(reqs), tail)
             if logits is None:
                 logits = self._prefill_logits(hidden[self._tensor(sample_rows)])
-            lp_logits = self._sample(logits, len(reqs), self.tail.variant(reqs))
+            lp_logits = self._sample(logits, len(reqs), tail)
         self.stats.prefill_steps += 1
         return self._copy_out(reqs, lp_logits, prompt_spans)
 

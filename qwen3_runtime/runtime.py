@@ -20,12 +20,13 @@ from qwen3_runtime.models.hf_config import read_sampling_defaults
 from qwen3_runtime.packed_rows import build_latest
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate, Status
+from qwen3_runtime.request_grammars import RequestGrammars
 from qwen3_runtime.runner import RowResult, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
 from qwen3_runtime.stats import RunnerStats
 from qwen3_runtime.summary import EngineSummary
 from qwen3_runtime.tokenizer import Tokenizer, load_tokenizer
-from qwen3_runtime.validation import check_text
+from qwen3_runtime.tokenizer.core import prompt_ids
 
 # Token ids, text, or chat messages ([{"role": ..., "content": ...}, ...]).
 Prompt = list[int] | str | list[dict]
@@ -43,6 +44,7 @@ class Runtime:
         arch, engine = built.arch, self.config.engine
         self.scheduler = Scheduler(engine, BlockManager(built.num_blocks, engine.block_size, engine.prefix_caching))
         self.eos_token_ids = set(arch.eos_token_ids)
+        self.grammars = RequestGrammars(lambda: self.tokenizer, arch.vocab_size, sorted(self.eos_token_ids))
         # What every request is checked against (and the server's API process, before a request is sent here).
         self.limits = RequestLimits(
             arch.vocab_size, engine.max_model_len, config.logprobs.max_logprobs, tuple(sorted(self.eos_token_ids))
@@ -74,6 +76,7 @@ class Runtime:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)  # a step in flight still uses the buffers
         self._closed, self._in_flight = True, None
+        self.grammars.close()
         self._live.clear()
         del self.runner, self.kv_cache, self.model, self.scheduler
         release_memory(self.device)
@@ -114,21 +117,14 @@ class Runtime:
         `chat_template_kwargs`: Qwen3's enable_thinking, as vLLM's LLM.chat takes them). `stream`: report its tokens
         step by step through take_updates()."""
         self._check_open()
-        prompt, params = check_request(self._token_ids(prompt, chat_template_kwargs or {}), params, self.limits)
+        ids = prompt_ids(prompt, lambda: self.tokenizer, chat_template_kwargs or {})
+        prompt, params = check_request(ids, params, self.limits)
         seed = params.seed if params.seed is not None else random.getrandbits(63)
         req = Request(self._new_id(), prompt, params, seed=seed, stream=stream, arrival_time=time.perf_counter())
+        self.grammars.submit(req)  # scheduled once its grammar is compiled
         self.scheduler.add(req)
         self._live[req.request_id] = req
         return req.request_id
-
-    def _token_ids(self, prompt: Prompt, chat_template_kwargs: dict[str, Any]) -> object:
-        """Text and chat messages through the tokenizer; anything else is checked as token ids."""
-        if isinstance(prompt, str):
-            return self.tokenizer.encode(check_text("prompt", prompt))
-        if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
-            text = self.tokenizer.apply_chat_template(prompt, **chat_template_kwargs)
-            return self.tokenizer.encode(check_text("prompt", text))
-        return prompt
 
     def abort(self, request_id: int) -> None:
         """End a request now (finish_reason "abort") and free its KV blocks; its output comes with the next
@@ -138,10 +134,13 @@ class Runtime:
             return
         while req.output and req.output[-1] == PENDING:  # rows of steps in flight, discarded when read
             req.output.pop()
-        slot = len(req.output) - 1
-        self._undelivered.append(self._finish(req, slot, "abort", time.perf_counter()))
+        self._undelivered.append(self._end_unrun(req, "abort"))
+
+    def _end_unrun(self, req: Request, reason: str) -> RequestOutput:
+        """End req with no token of a step in flight: aborted, or rejected (its error says why)."""
         if req.stream:
-            self._updates.append(RequestUpdate(request_id, [], None, None, "abort", None, len(req.prompt)))
+            self._updates.append(RequestUpdate(req.request_id, [], None, None, reason, req.error, len(req.prompt)))
+        return self._finish(req, len(req.output) - 1, reason, time.perf_counter())
 
     def take_updates(self) -> list[RequestUpdate]:
         """What streamed requests produced since the last call, in order."""
@@ -161,6 +160,7 @@ class Runtime:
         self._check_open()
         previous, self._in_flight = self._in_flight, None
         finished, self._undelivered = self._undelivered, []
+        finished += [self._end_unrun(req, "rejected") for req in self.grammars.refused()]  # constraint did not compile
         reqs, is_prefill = self.scheduler.schedule(finishing=self._ending(previous))
         launched = None
         if reqs:
@@ -205,7 +205,7 @@ class Runtime:
     def _append(self, req: Request, slot: int, result: RowResult, now: float) -> None:
         if req.first_token_time is None:
             req.first_token_time = now
-        req.error = req.error or result.error
+        req.error = req.error or result.error or self.grammars.rejection(req, result.token_id)
         if not req.error:
             req.output[slot] = result.token_id
             req.logprobs.append(result.logprob)
@@ -225,7 +225,8 @@ class Runtime:
         p = req.params
         if req.error:
             return "error"
-        if result.token_id in p.stop_token_ids or (not p.ignore_eos and result.token_id in self.eos_token_ids):
+        ended = req.matcher is not None and req.matcher.terminated  # the grammar's end, even with ignore_eos
+        if result.token_id in p.stop_token_ids or (not p.ignore_eos and result.token_id in self.eos_token_ids) or ended:
             return "stop"
         return "length" if self._reaches_length(req, produced=slot + 1) else None
 

@@ -77,11 +77,11 @@ class Scheduler:
 
     def _admits_next(self) -> bool:
         """Whether the first waiting request can be admitted now: room, blocks, and all its tokens known (one
-        preempted while its last step is in flight waits for that step's token)."""
+        preempted while its last step is in flight waits for that step's token; a constrained one, for its grammar)."""
         if not self.waiting or len(self.running) + len(self.prefilling) >= self.cfg.max_num_seqs:
             return False
-        req = self.waiting[0]
-        return not (req.output and req.output[-1] == PENDING) and self._fits(req)
+        req = self.waiting[0]  # a constrained one waits for its grammar (compiled off the step loop)
+        return not (req.output and req.output[-1] == PENDING or req.awaiting_grammar) and self._fits(req)
 
     def _fits(self, req: Request) -> bool:
         """Whether blocks for all of req's tokens can be had now (its cached prefix counted as its own)."""

@@ -71,3 +71,20 @@ def test_replay_reads_the_current_inputs():
         torch.testing.assert_close(out, expected)
     with pytest.raises(KeyError, match="not captured"):  # never a silent eager run in place of a replay
         graphs.run(2, "minus")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_variants_left_out_of_the_first_capture_are_captured_by_a_later_one():
+    """The runner captures rarely needed variants (structured outputs' masked tail) on first need: until then a
+    replay of one is refused, after it replays, and the first capture's graphs stay."""
+    x = torch.arange(8.0, device="cuda")
+    graphs = StepGraphs(lambda batch, variant: x[:batch] * len(variant), [2, 8], ["a", "bb"])
+    graphs.capture(lambda variant: variant != "bb")
+    assert set(graphs.graphs) == {(2, "a"), (8, "a")}
+    with pytest.raises(KeyError, match="not captured for 2 rows"):
+        graphs.run(2, "bb")
+    first = graphs.graphs[(8, "a")]
+    graphs.capture(lambda variant: variant == "bb")
+    assert set(graphs.graphs) == {(2, "a"), (8, "a"), (2, "bb"), (8, "bb")} and graphs.graphs[(8, "a")] is first
+    assert graphs.run(1, "bb").tolist() == [0.0, 2.0] and graphs.run(5, "a").tolist() == list(range(8))

@@ -30,6 +30,7 @@ class TailVariant(NamedTuple):
 
     sampler: Sampler
     penalized: bool  # the penalties / logit_bias / min_tokens pass over the logits, and the counts after it
+    masked: bool = False  # structured outputs' grammar mask (a row of the batch is constrained)
 
     @classmethod
     def of(cls, reqs: Sequence[Request], logprobs_mode: str) -> TailVariant:
@@ -42,12 +43,18 @@ class TailVariant(NamedTuple):
             sampler = Sampler.SORT
         else:
             sampler = Sampler.SELECT if filtered else Sampler.RANDOM if random else Sampler.GREEDY
-        return cls(sampler, any(p.penalized for p in params))
+        return cls(sampler, any(p.penalized for p in params), any(req.constrained for req in reqs))
 
     @staticmethod
     def every() -> list[TailVariant]:
-        """All variants, in the order their graphs are captured (kept, so the captures share their pool as before)."""
-        return [TailVariant(sampler, penalized) for sampler in Sampler for penalized in (False, True)]
+        """All variants, in the order their graphs are captured (kept, so the captures share their pool as before;
+        the masked ones last)."""
+        return [
+            TailVariant(sampler, penalized, masked)
+            for masked in (False, True)
+            for sampler in Sampler
+            for penalized in (False, True)
+        ]
 
 
 def writes_processed(params: SamplingParams, logprobs_mode: str) -> bool:

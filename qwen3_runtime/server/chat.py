@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from fastapi.responses import JSONResponse, StreamingResponse
 
+from qwen3_runtime.params import SamplingParams
 from qwen3_runtime.server.chat_output import ChatOutput, ChatParsers
 from qwen3_runtime.server.choice import Choice
 from qwen3_runtime.server.errors import APIError
@@ -23,6 +24,8 @@ async def create_chat_completion(req: ChatCompletionRequest, state: ServerState)
     inputs = chat_inputs(req, state.inputs)
     gen = Generation(state.client, tok, inputs, req.text_options())
     outputs = [ChatOutput.for_request(state.parsers, req, x.prompt) for x in inputs]
+    for x, out in zip(inputs, outputs):
+        x.params.constraint_after = constraint_after(x.params, out, state.parsers)
     gen.start()
     if req.stream:
         return _stream(req, tok, gen, outputs, response_header("chatcmpl", "chat.completion.chunk", state.model_name))
@@ -42,6 +45,13 @@ async def create_chat_completion(req: ChatCompletionRequest, state: ServerState)
         )
     header = response_header("chatcmpl", "chat.completion", state.model_name)
     return JSONResponse({**header, "choices": body, "usage": gen.usage()})
+
+
+def constraint_after(params: SamplingParams, out: ChatOutput, parsers: ChatParsers) -> int | None:
+    """With a reasoning parser, a constraint holds for the answer alone: from `</think>` on, unless the prompt closed
+    the thinking already (enable_thinking false); else from the first token."""
+    thinks = params.constraint is not None and out.reasoning is not None and not out.reasoning.ended
+    return parsers.think.end if thinks else None
 
 
 def check_parsers(req: ChatCompletionRequest, parsers: ChatParsers) -> None:

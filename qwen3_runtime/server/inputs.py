@@ -9,8 +9,9 @@ from typing import Any
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.server.errors import APIError
 from qwen3_runtime.server.protocol import ChatCompletionRequest, CompletionRequest, _Request
+from qwen3_runtime.server.structured_protocol import output_constraint
 from qwen3_runtime.server.tokenize_protocol import TokenizeRequest
-from qwen3_runtime.server.tool_constraint import ToolConstraint, tool_constraint
+from qwen3_runtime.server.tool_constraint import tool_constraint
 from qwen3_runtime.tokenizer import Tokenizer
 
 # The most engine requests (prompts x n) one HTTP request may create: OpenAI's cap on n, so any one-prompt request
@@ -33,8 +34,6 @@ class EngineInput:
     prompt_index: int  # which prompt of the HTTP request (usage counts each prompt once, however many choices)
     prompt: list[int]
     params: SamplingParams
-    # What tool_choice demands (required, a named function), for the grammar that will enforce it: data only yet.
-    tool_constraint: ToolConstraint | None = None
 
 
 def completion_prompts(req: CompletionRequest, tok: Tokenizer) -> list[list[int]]:
@@ -58,6 +57,7 @@ def completion_inputs(req: CompletionRequest, ctx: InputContext) -> list[EngineI
     if req.echo and req.logprobs is not None:  # the prompt's logprobs come first in the response
         prompt_logprobs = -1 if -1 in (prompt_logprobs, req.logprobs) else max(prompt_logprobs or 0, req.logprobs)
     fields = dict(max_tokens=req.max_tokens, logprobs=req.logprobs, prompt_logprobs=prompt_logprobs)
+    fields["constraint"] = output_constraint(req)
     return _expand(req, completion_prompts(req, ctx.tok), fields, ctx)
 
 
@@ -69,12 +69,10 @@ def chat_inputs(req: ChatCompletionRequest, ctx: InputContext) -> list[EngineInp
     rename = {"logprobs": "top_logprobs", "prompt": "messages"}  # chat's names for what the runtime checks
     if req.max_completion_tokens:
         rename["max_tokens"] = "max_completion_tokens"
-    fields = dict(max_tokens=max_tokens, logprobs=logprobs)
-    inputs = _expand(req, [chat_prompt(req, ctx.tok)], fields, ctx, rename)
-    constraint = tool_constraint(req.tools, req.tool_choice, req.parallel_tool_calls)
-    for x in inputs:
-        x.tool_constraint = constraint
-    return inputs
+    tools = tool_constraint(req.tools, req.tool_choice, req.parallel_tool_calls)  # required, or a named function
+    constraint = output_constraint(req, tools and tools.output_constraint())
+    fields = dict(max_tokens=max_tokens, logprobs=logprobs, constraint=constraint)
+    return _expand(req, [chat_prompt(req, ctx.tok)], fields, ctx, rename)
 
 
 def chat_prompt(req: ChatCompletionRequest | TokenizeRequest, tok: Tokenizer) -> list[int]:

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from qwen3_runtime.params import MAX_REPETITION_PENALTY
 from qwen3_runtime.server.choice import TextOptions
 from qwen3_runtime.server.errors import refused
+from qwen3_runtime.server.structured_protocol import ResponseFormat, StructuredOutputs
 from qwen3_runtime.server.tool_protocol import ChatTool, ToolChoice, check_tools
 from qwen3_runtime.validation import is_text
 
@@ -29,11 +30,6 @@ UNSUPPORTED: dict[str, tuple] = {
     "use_beam_search": (None, False),
     "allowed_token_ids": (None,),
     "bad_words": (None, []),
-    "structured_outputs": (None,),
-    "guided_json": (None,),
-    "guided_regex": (None,),
-    "guided_choice": (None,),
-    "guided_grammar": (None,),
     "truncate_prompt_tokens": (None,),
 }
 UNSUPPORTED_COMPLETION = {**UNSUPPORTED, "suffix": (None, ""), "best_of": (None, SAME_AS_N)}
@@ -41,7 +37,6 @@ UNSUPPORTED_CHAT = {
     **UNSUPPORTED,
     "functions": (None, []),
     "function_call": (None, "none", "auto"),
-    "response_format": (None, {"type": "text"}),
     "modalities": (None, ["text"]),
     "audio": (None,),
     "prediction": (None,),
@@ -146,6 +141,13 @@ class _Request(BaseModel):
     include_stop_str_in_output: bool = False
     stream: bool = False
     stream_options: StreamOptions | None = None
+    # Structured outputs (structured_protocol.py): at most one of these.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
+    guided_json: dict[str, Any] | str | None = None
+    guided_regex: str | None = None
+    guided_choice: list[str] | None = None
+    guided_grammar: str | None = None
 
     @model_validator(mode="before")
     @classmethod

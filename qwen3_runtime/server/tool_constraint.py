@@ -1,5 +1,5 @@
-"""What a chat request's tool_choice demands of the answer, as data for the grammar that will enforce it (issue
-71's structured outputs): `required` asks for at least one call (exactly one with parallel_tool_calls false), a
+"""What a chat request's tool_choice demands of the answer, as the output constraint the engine's grammar enforces
+(issue 71's structured outputs): `required` asks for at least one call (exactly one with parallel_tool_calls false), a
 named function for one call of it. "auto" and "none" demand nothing. The calls are the ones Qwen3's chat template
 asks for and `--tool-call-parser hermes` reads: `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>`,
 with "\\n" between calls."""
@@ -11,6 +11,7 @@ from typing import Any
 
 from qwen3_runtime.server.tool_parser import CLOSE_TAG, OPEN_TAG
 from qwen3_runtime.server.tool_protocol import ChatTool, NamedToolChoice, ToolChoice
+from qwen3_runtime.structured import OutputConstraint
 
 NO_PARAMETERS = {"type": "object", "properties": {}}  # OpenAI's meaning of a function without `parameters`
 
@@ -42,6 +43,10 @@ class ToolConstraint:
                 for f in self.functions
             ]
         }
+
+    def output_constraint(self) -> OutputConstraint:
+        """What the engine compiles (spec.py's tool_call / tool_calls), naming tool_choice in its errors."""
+        return OutputConstraint.tool_calls(self.call_schema(), (self.begin, self.end), self.exactly_one, "tool_choice")
 
 
 def tool_constraint(

@@ -20,11 +20,15 @@ import threading
 from collections import OrderedDict
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import xgrammar as xgr
+from xgrammar import structural_tag as st
 
 from qwen3_runtime.structured.spec import GrammarCompileError, OutputConstraint, invalid
-from qwen3_runtime.tokenizer import Tokenizer
+
+if TYPE_CHECKING:  # an annotation alone: params.py imports spec.py, and the tokenizer's config imports params.py
+    from qwen3_runtime.tokenizer import Tokenizer
 
 # Any JSON object: xgrammar's own JSON grammar allows unbounded whitespace, the schema compiler without
 # any_whitespace does not.
@@ -122,6 +126,8 @@ class ConstraintCompiler:
                 return compiler.compile_json_schema(schema, any_whitespace=False, strict_mode=True)
             if kind == "regex":
                 return compiler.compile_regex(constraint.text)
+            if kind in ("tool_call", "tool_calls"):
+                return compiler.compile_structural_tag(tool_call_grammar(constraint))
             text = choice_grammar(constraint.choices) if kind == "choice" else constraint.text
             return compiler.compile_grammar(text)
         except (RuntimeError, ValueError) as e:
@@ -143,6 +149,29 @@ def _lookahead_pattern(node: object) -> str | None:
 
 class _Refused(Exception):
     """xgrammar's message for a constraint it cannot compile (the field is the asking request's: `submit`)."""
+
+
+def tool_call_grammar(constraint: OutputConstraint) -> xgr.StructuralTag:
+    """One call (tool_call), or one or more separated by "\n" (tool_calls). Each wrap text is a tag token (the
+    hermes parser reads tags by id: the tag spelled in pieces would not be a call) with whitespace on its inner
+    side; the call's JSON between them is compact, as every schema's here."""
+    (begin, after), (end, before) = _tag(constraint.wrap[0]), _tag(constraint.wrap[1])
+    text = [xgr.Grammar.from_ebnf("root ::= " + _literal(t)) for t in (after, before)]
+    schema = xgr.Grammar.from_json_schema(constraint.text, any_whitespace=False, strict_mode=True)
+    body = str(xgr.Grammar.concat(text[0], schema, text[1]))
+    tag = st.TagFormat(
+        begin=st.TokenFormat(token=begin), content=st.GrammarFormat(grammar=body), end=st.TokenFormat(token=end)
+    )
+    calls = st.TagsWithSeparatorFormat(
+        tags=[tag], separator="\n", at_least_one=True, stop_after_first=constraint.kind == "tool_call"
+    )
+    return xgr.StructuralTag(format=calls)
+
+
+def _tag(wrap: str) -> tuple[str, str]:
+    """(the tag token's text, the whitespace beside it)."""
+    tag = wrap.strip()
+    return tag, wrap.replace(tag, "", 1)
 
 
 def choice_grammar(choices: Iterable[str]) -> str:

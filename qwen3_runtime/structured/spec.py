@@ -2,9 +2,11 @@
 no xgrammar here), the engine compiles it once per distinct value (compiler.py caches by it).
 
 The kinds are vLLM's `structured_outputs` keys: json (a JSON schema), json_object (any JSON object), regex, choice
-(exactly one of a list of strings) and grammar (EBNF in the GBNF dialect xgrammar reads). Every error is a
-ValueError whose message starts with the request field the constraint came from (`field`), as the server's 400
-reports it.
+(exactly one of a list of strings) and grammar (EBNF in the GBNF dialect xgrammar reads); tool_call and tool_calls are
+what a chat's tool_choice `required` or a named function demands: one call (or one or more, "\n" between them), each
+a JSON value of the schema `text` between the texts `wrap` (hermes' `<tool_call>\n` and `\n</tool_call>`). Every
+error is a ValueError whose message starts with the request field the constraint came from (`field`), as the
+server's 400 reports it.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Any, Literal, get_args
 
 from qwen3_runtime.validation import show
 
-ConstraintKind = Literal["json", "json_object", "regex", "choice", "grammar"]
+ConstraintKind = Literal["json", "json_object", "regex", "choice", "grammar", "tool_call", "tool_calls"]
 KINDS: tuple[str, ...] = get_args(ConstraintKind)
 
 
@@ -50,12 +52,14 @@ class OutputConstraint:
     """What a request's output must match. Equal constraints share one compiled grammar: `field` is left out of
     equality and the hash.
 
-    text: the JSON schema as compact JSON (json; its key order kept, since properties are generated in it), the
-    pattern (regex) or the grammar (grammar); empty otherwise. choices: a choice's strings, in order."""
+    text: the JSON schema as compact JSON (json, tool_call(s); its key order kept, since properties are generated in
+    it), the pattern (regex) or the grammar (grammar); empty otherwise. choices: a choice's strings, in order. wrap:
+    the texts before and after each tool call."""
 
     kind: ConstraintKind
     text: str = ""
     choices: tuple[str, ...] = ()
+    wrap: tuple[str, ...] = ()
     field: str = dataclasses.field(default="structured_outputs", compare=False)
 
     def __post_init__(self) -> None:
@@ -65,7 +69,10 @@ class OutputConstraint:
             raise invalid(InvalidConstraintError, self.field, self.choices, f"a {self.kind} constraint has no choices")
         if self.kind in ("json_object", "choice") and self.text:
             raise invalid(InvalidConstraintError, self.field, self.text, f"a {self.kind} constraint has no text")
-        if self.kind == "json":
+        tool = self.kind in ("tool_call", "tool_calls")
+        if tool != (len(self.wrap) == 2 and all(isinstance(w, str) for w in self.wrap)):
+            raise invalid(InvalidConstraintError, self.field, self.wrap, "tool calls alone have a (begin, end) wrap")
+        if self.kind == "json" or tool:
             _schema_object(self.text, self.field)
         elif self.kind in ("regex", "grammar") and not (isinstance(self.text, str) and self.text):
             raise invalid(InvalidConstraintError, self.field, self.text, "expected a non-empty string")
@@ -83,6 +90,14 @@ class OutputConstraint:
         except (TypeError, ValueError) as e:
             raise invalid(InvalidConstraintError, field, schema, f"not JSON: {e}") from None
         return cls("json", text, field=field)
+
+    @classmethod
+    def tool_calls(
+        cls, call_schema: Mapping[str, Any], wrap: tuple[str, str], exactly_one: bool, field: str = "tool_choice"
+    ) -> OutputConstraint:
+        """Tool calls whose JSON matches `call_schema`, each between wrap[0] and wrap[1]: one, or one or more."""
+        text = cls.json_schema(call_schema, field).text
+        return cls("tool_call" if exactly_one else "tool_calls", text, wrap=tuple(wrap), field=field)
 
     @classmethod
     def json_object(cls, field: str = "structured_outputs.json_object") -> OutputConstraint:

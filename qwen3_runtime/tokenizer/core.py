@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +13,7 @@ from qwen3_runtime.config import ConfigError, ModelConfig
 from qwen3_runtime.tokenizer.builtin import _unicode_to_bytes, load_builtin_qwen3_hf_tokenizer
 from qwen3_runtime.tokenizer.chat_template import QWEN3_CHAT_TEMPLATE, ChatTemplateError, compile_template, render
 from qwen3_runtime.tokenizer.checkpoint import read_checkpoint_tokenizer
+from qwen3_runtime.validation import check_text
 
 
 class Tokenizer:
@@ -149,3 +150,14 @@ def load_tokenizer(model: ModelConfig) -> Tokenizer:
         return Tokenizer.from_checkpoint(source)
     except ValueError as e:
         raise ConfigError(f"{key}={source!r}: {e}") from None
+
+
+def prompt_ids(prompt: object, tokenizer: Callable[[], Tokenizer], chat_template_kwargs: dict[str, Any]) -> object:
+    """Text and chat messages through the tokenizer (loaded by `tokenizer` only then; chat messages through the
+    template given `chat_template_kwargs`); anything else is returned as it is, for the caller to check as ids."""
+    if isinstance(prompt, str):
+        return tokenizer().encode(check_text("prompt", prompt))
+    if isinstance(prompt, list) and prompt and all(isinstance(m, dict) for m in prompt):
+        text = tokenizer().apply_chat_template(prompt, **chat_template_kwargs)
+        return tokenizer().encode(check_text("prompt", text))
+    return prompt

@@ -13,7 +13,7 @@ TOP_P = SamplingParams(temperature=0.9, top_p=0.95)
 
 
 def sampler(*params: SamplingParams, mode: str = "raw") -> Sampler:
-    variant = TailVariant.of([SimpleNamespace(params=p) for p in params], mode)
+    variant = TailVariant.of([SimpleNamespace(params=p, constrained=False) for p in params], mode)
     assert not variant.penalized
     return variant.sampler
 
@@ -34,11 +34,21 @@ def test_top_p_alone_sorts_only_when_its_processed_logprobs_need_the_cutoff():
 
 
 def test_one_penalized_row_takes_the_batch_through_the_penalties():
-    reqs = [SimpleNamespace(params=p) for p in (GREEDY, replace(GREEDY, presence_penalty=0.5))]
+    reqs = [SimpleNamespace(params=p, constrained=False) for p in (GREEDY, replace(GREEDY, presence_penalty=0.5))]
     assert TailVariant.of(reqs, "raw") == TailVariant(Sampler.GREEDY, penalized=True)
 
 
 def test_every_variant_in_the_capture_order():
     assert TailVariant.every() == [
-        (sampler, penalized) for sampler in ("greedy", "random", "select", "sort") for penalized in (False, True)
+        (sampler, penalized, masked)
+        for masked in (False, True)
+        for sampler in ("greedy", "random", "select", "sort")
+        for penalized in (False, True)
     ]
+
+
+def test_only_a_batch_with_a_constrained_row_takes_the_mask_pass():
+    plain = SimpleNamespace(params=GREEDY, constrained=False)
+    constrained = SimpleNamespace(params=GREEDY, constrained=True)
+    assert not TailVariant.of([plain, plain], "raw").masked
+    assert TailVariant.of([plain, constrained], "raw") == TailVariant(Sampler.GREEDY, False, masked=True)

@@ -24,7 +24,7 @@ TOOL = {"type": "function", "function": {"name": "f", "parameters": {"type": "ob
         (COMPLETION, "suffix", "!"),
         (CHAT, "functions", [TOOL["function"]]),  # OpenAI's deprecated names for tools and tool_choice
         (CHAT, "function_call", {"name": "f"}),
-        (CHAT, "response_format", {"type": "json_object"}),
+        (CHAT, "use_beam_search", True),
     ],
 )
 def test_unsupported_field_is_400_naming_it(http, endpoint, field, value):
@@ -41,9 +41,9 @@ def test_unsupported_field_through_the_openai_client(client):
             model="tiny",
             messages=[{"role": "user", "content": "Hi"}],
             max_tokens=2,
-            response_format={"type": "json_object"},
+            extra_body={"bad_words": ["x"]},
         )
-    assert info.value.body["param"] == "response_format"
+    assert info.value.body["param"] == "bad_words"
 
 
 PENALTIES = {

@@ -1,12 +1,12 @@
-"""What tool_choice demands of the answer, as the data the grammar will enforce: where it is carried (the chat
-request's engine inputs) and what it says for each tool_choice."""
+"""What tool_choice demands of the answer, as the constraint the grammar enforces: where it is carried (the chat
+request's engine inputs' params) and what it says for each tool_choice."""
 
 import pytest
 
 from qwen3_runtime.params import RequestLimits
 from qwen3_runtime.server.inputs import InputContext, chat_inputs
 from qwen3_runtime.server.protocol import ChatCompletionRequest
-from qwen3_runtime.server.tool_constraint import NO_PARAMETERS, FunctionSchema, ToolConstraint
+from qwen3_runtime.server.tool_constraint import NO_PARAMETERS, FunctionSchema, ToolConstraint, tool_constraint
 from qwen3_runtime.tokenizer import Tokenizer
 
 CITY = {"type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"]}
@@ -23,7 +23,10 @@ def ctx():
 
 def constraints(ctx, n=1, **fields):
     req = ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], tools=TOOLS, n=n, **fields)
-    return [x.tool_constraint for x in chat_inputs(req, ctx)]
+    demanded = tool_constraint(req.tools, req.tool_choice, req.parallel_tool_calls)
+    sent = [x.params.constraint for x in chat_inputs(req, ctx)]
+    assert sent == [demanded and demanded.output_constraint()] * n  # what the engine enforces
+    return [demanded] * n
 
 
 def test_auto_and_none_demand_nothing(ctx):
@@ -39,7 +42,6 @@ def test_required_allows_every_function(ctx):
 
 def test_a_named_function_is_one_call_of_it(ctx):
     named = constraints(ctx, n=2, tool_choice={"type": "function", "function": {"name": "weather"}})
-    assert named[0] is named[1]  # every choice of the request carries it
     assert named[0].functions == (FunctionSchema("weather", CITY),) and named[0].exactly_one
 
 
