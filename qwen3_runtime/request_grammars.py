@@ -36,6 +36,8 @@ class RequestGrammars:
     def refused(self) -> list[Request]:
         """Give each request whose grammar is compiled its matcher; those whose compile failed come back with
         `error` set (xgrammar's message, naming the request field)."""
+        if not self._compiling:  # no constraint yet: xgrammar stays unloaded
+            return []
         from qwen3_runtime.structured.matcher import ConstraintMatcher
 
         refused, still = [], []

@@ -91,3 +91,15 @@ def imported_parts(node: ast.AST) -> Iterator[str]:
 
 def _part(dotted: list[str]) -> str | None:
     return (dotted[1] if len(dotted) > 1 else "__init__") if dotted[0] == "qwen3_runtime" else None
+
+
+def test_a_runtime_that_never_sees_a_constraint_never_loads_xgrammar():
+    """xgrammar is needed only by constrained requests: a step of unconstrained ones does not import it."""
+    code = (
+        "import sys; from qwen3_runtime import Runtime, SamplingParams; "
+        "rt = Runtime.from_yaml('tiny', {'model.dtype': 'float32', 'engine.device': 'cpu'}); "
+        "rt.generate([[1, 2, 3]], SamplingParams(max_tokens=2)); rt.close(); "
+        "print('xgrammar' in sys.modules)"
+    )
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert result.stdout.split()[-1] == "False"
