@@ -78,7 +78,7 @@ class SamplingTail:
             cutoff = filter_cutoffs(penalized_logits, params, peak) if variant.sampler == Sampler.SORT else None
             tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows], cutoff, write_to=logits)
         if raw is not None:  # the raw rows' logprobs from the unmasked logits
-            logits.copy_(torch.where(inp.processed[:rows, None] != 0, logits, raw))
+            torch.where(inp.processed[:rows, None] != 0, logits, raw, out=logits)  # in place: no [rows, V] temporary
         reduced = self.logprobs.head(rows)
         reduce_logprobs(
             logits, tokens, inp.num_top[:rows], self.routing.k_max, row_mask=inp.wants_logprobs[:rows], out=reduced
