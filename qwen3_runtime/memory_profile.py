@@ -68,8 +68,8 @@ def worst_step_bytes(runner: ModelRunner, config: Config, dtype: torch.dtype) ->
     if on_host:
         prefill_peak += config.logprobs.prompt_chunk_size * arch.vocab_size * 4
     # The masked tail (structured outputs), which the profile's requests do not take, adds an unmasked copy of the
-    # logits and the raw rows' restore: [rows, V] fp32 each.
-    masked = 2 * rows * arch.vocab_size * 4
+    # logits, [rows, V] fp32 (the raw rows are restored from it in place).
+    masked = rows * arch.vocab_size * 4
     return decode_peak + 2 * prefill_peak + masked
 
 

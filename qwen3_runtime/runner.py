@@ -6,13 +6,14 @@ scheduling the next step is launched before that wait, its input ids read on the
 in flight. Prefill: a forward over chunks of prompts (each attending to its request's cached KV) and the
 decoding rows riding along, replayed from the CUDA graph of its token bucket, then (eagerly) prompt logprobs of
 the positions computed and the same sampling, reduction and packing for each prompt's last position; it is
-launched, and may stay in flight, as a decode step is.
+launched, and may stay in flight, as a decode step is. A step with a constrained row launches its forward alone,
+its tail at launch_tail once the grammars have seen the step in flight's tokens, their masks filled meanwhile.
 """
 
 from __future__ import annotations
 
+import functools
 import time
-from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import numpy as np
@@ -21,7 +22,6 @@ import torch
 from graphs import StepGraphs, default_buckets, token_buckets
 from qwen3_runtime.config import Config
 from qwen3_runtime.layers.attention import AttentionMetadata
-from qwen3_runtime.logprobs import TokenLogprob
 from qwen3_runtime.logprobs.host_path import full_row_logprob
 from qwen3_runtime.models.qwen3 import Qwen3ForCausalLM
 from qwen3_runtime.ops import cdiv, num_sms
@@ -33,36 +33,23 @@ from qwen3_runtime.sampling_tail import SamplingTail, TailVariant
 from qwen3_runtime.sampling_tail.prompt_logprobs import NOT_FINITE, PromptLogprobs, ScoredSpan
 from qwen3_runtime.scheduler import PrefillChunk
 from qwen3_runtime.stats import RunnerStats
+from qwen3_runtime.step_in_flight import RowResult, StepInFlight, previous_rows
 from qwen3_runtime.step_inputs import InputStager
 from qwen3_runtime.step_output import StepOutputs
 
 
 class GraphVariant(NamedTuple):
     """A decode graph's key within its bucket (StepGraphs' variant): the step is captured once per sampling tail
-    and attention split. Hashed as a tuple, since every step looks one up."""
+    and attention split; a masked step as two graphs, its forward (tail None) and its tail alone (long_rows False),
+    so its grammar masks are copied in between. Hashed as a tuple, since every step looks one up."""
 
-    tail: TailVariant
+    tail: TailVariant | None  # None: the forward alone, to the logits
     long_rows: bool  # decode attention split for a long row (the bucket's long_row_splits)
 
-
-@dataclass
-class RowResult:
-    token_id: int
-    logprob: TokenLogprob | np.ndarray | None = None  # a packed row on the device path
-    error: str | None = None
-
-
-@dataclass(eq=False)
-class StepInFlight:
-    """A launched step whose results are not read yet. reqs[i]'s token goes to req.output[output_slots[i]],
-    which holds PENDING until then; the packed results are copied out through buffer `buffer` of the runner's
-    outputs."""
-
-    reqs: list[Request]
-    output_slots: list[int]
-    buffer: int
-    lp_logits: torch.Tensor | None  # what host-path logprobs rows are read from, after the wait
-    prompt_logprob_spans: list[ScoredSpan] = field(default_factory=list)  # unpacked after the wait
+    @property
+    def split(self) -> bool:
+        """A masked step's part, its forward or its tail: captured at the first constrained decode step."""
+        return self.tail is None or self.tail.masked
 
 
 class ModelRunner:
@@ -119,21 +106,23 @@ class ModelRunner:
             start = time.perf_counter()
             with torch.inference_mode():
                 if not self.batch_invariant:  # every step then runs as a prefill step
-                    self.graphs.capture(lambda key: not key.tail.masked)  # the masked ones on first need
+                    self.graphs.capture(lambda key: not key.split)  # the masked steps' on first need
                 self.prefill_graphs.capture()
             self.stats.capture_s = time.perf_counter() - start
 
-    def _capture_masked(self) -> None:
-        """The masked variants, at the first constrained decode step (none in flight: such steps are read first)."""
-        if self.graphs.graphs and not any(key.tail.masked for _, key in self.graphs.graphs):
+    def _capture_split(self) -> None:
+        """The masked steps' graphs, at the first constrained decode step. Their warm-up runs write `latest`, which
+        holds the tokens of the step in flight that the step being launched reads: kept aside and put back."""
+        if self.graphs.graphs and not any(key.split for _, key in self.graphs.graphs):
+            in_flight = self.outputs.latest.clone()
             self.stager.stage([], self.graphs.buckets[-1])  # on padding alone, as at the start
-            self.graphs.capture(lambda key: key.tail.masked)
+            self.graphs.capture(lambda key: key.split)
+            self.outputs.latest.copy_(in_flight)
 
     def overlappable(self, step: StepInFlight) -> bool:
         """Whether a launched step may stay in flight while the next one runs (async scheduling): not with a row
-        on the host logprobs path or prompt logprobs (read from buffers the next step reuses), nor with a
-        constrained row (the next step's mask must account for this step's token)."""
-        waits = any(self.tail.routing.on_host(r.params.logprobs) or r.constrained for r in step.reqs)
+        on the host logprobs path or prompt logprobs (read from buffers the next step reuses)."""
+        waits = any(self.tail.routing.on_host(r.params.logprobs) for r in step.reqs)
         return self.async_scheduling and not waits and not step.prompt_logprob_spans
 
     @torch.inference_mode()
@@ -143,13 +132,14 @@ class ModelRunner:
         padded_rows = self.graphs.padded_size(len(reqs))
         tail = self.tail.variant(reqs)
         if tail.masked:
-            self._capture_masked()
-        self.stager.stage(reqs, padded_rows, _previous_rows(reqs, previous))
-        self.tail.stage(reqs, padded_rows, tail)
+            self._capture_split()
+        self.stager.stage(reqs, padded_rows, previous_rows(reqs, previous))
         long_rows = padded_rows in self.long_row_splits and max(req.num_tokens for req in reqs) >= LONG_ROW_TOKENS
-        lp_logits = self.graphs.run(len(reqs), GraphVariant(tail, long_rows))
         self.stats.decode_steps += 1
-        return self._copy_out(reqs, lp_logits)
+        if tail.masked:  # the forward now, the tail once its masks are in
+            self.graphs.run(len(reqs), GraphVariant(None, long_rows))
+        sample = functools.partial(self.graphs.run, len(reqs), GraphVariant(tail, long_rows and not tail.masked))
+        return self._launch(StepInFlight.reserving(reqs, padded_rows, sample, tail.masked))
 
     @torch.inference_mode()
     def prefill(self, chunks: list[PrefillChunk], previous: StepInFlight | None = None) -> StepInFlight:
@@ -158,7 +148,7 @@ class ModelRunner:
         chunk this is, without waiting. A decoding request also in `previous` (the step in flight) takes as
         input the token that step samples for it, read on the device."""
         rows = np.cumsum([0] + [chunk.num_tokens for chunk in chunks])  # each chunk's first row of the forward
-        prev_rows = _previous_rows([c.req for c in chunks], previous)
+        prev_rows = previous_rows([c.req for c in chunks], previous)
         self.prefill_stager.stage(chunks, self.prefill_graphs.padded_size(int(rows[-1])), prev_rows)
         hidden = self.prefill_graphs.run(int(rows[-1]))
         spans = [ScoredSpan.of_chunk(c.req, row, c.start, c.end) for c, row in zip(chunks, rows)]
@@ -167,17 +157,27 @@ class ModelRunner:
         prompt_spans, logits = self.prompt_logprobs.compute(
             [s for s in spans if s], hidden, self._prefill_logits, sample_rows
         )
-        lp_logits = None
-        if reqs:
-            self.tail.acquire(reqs)  # before staging: the slot is a request constant
-            self.stager.stage(reqs, len(reqs))
-            tail = self.tail.variant(reqs)
-            self.tail.stage(reqs, len(reqs), tail)
-            if logits is None:
-                logits = self._prefill_logits(hidden[self._tensor(sample_rows)])
-            lp_logits = self._sample(logits, len(reqs), tail)
         self.stats.prefill_steps += 1
-        return self._copy_out(reqs, lp_logits, prompt_spans)
+        if not reqs:  # no prompt ends here: nothing to sample
+            return self._launch(StepInFlight.reserving(reqs, 0, lambda: None, False, prompt_spans))
+        self.tail.acquire(reqs)  # before staging: the slot is a request constant
+        self.stager.stage(reqs, len(reqs))
+        tail = self.tail.variant(reqs)
+        if logits is None:
+            logits = self._prefill_logits(hidden[self._tensor(sample_rows)])
+        sample = functools.partial(self._sample, logits, len(reqs), tail)
+        return self._launch(StepInFlight.reserving(reqs, len(reqs), sample, tail.masked, prompt_spans))
+
+    @torch.inference_mode()
+    def launch_tail(self, step: StepInFlight) -> None:
+        """The step's tail, unless it has run (all but a masked one's run at launch), and its results' copy out. A
+        masked step's once the grammars have seen every token before its rows' (the runtime reads the step in flight
+        first): its masks, filled while its forward runs, are copied in on its stream before its tail."""
+        if step.tail is not None:
+            if step.masked:
+                self.tail.grammar.stage(step.reqs, step.output_slots, step.padded_rows)
+            step.lp_logits, step.tail = step.tail(), None
+            step.buffer = self.outputs.copy_out(len(step.reqs))
 
     def release(self, req: Request) -> None:
         """req has ended: its penalty slot, if it holds one, is free."""
@@ -212,13 +212,20 @@ class ModelRunner:
         return self.model.compute_logits(hidden, invariant=self.batch_invariant)
 
     def _decode_variants(self, padded_rows: int) -> list[GraphVariant]:
-        """The decode step's graph keys for a bucket, in capture order."""
+        """The decode step's graph keys for a bucket, in capture order: whole steps, then the masked steps' parts."""
         lengths = (False, True) if padded_rows in self.long_row_splits else (False,)
-        return [GraphVariant(tail, long_rows) for tail in TailVariant.every() for long_rows in lengths]
+        whole_or_forward = [tail for tail in TailVariant.every() if not tail.masked] + [None]
+        keys = [GraphVariant(tail, long_rows) for tail in whole_or_forward for long_rows in lengths]
+        return keys + [GraphVariant(tail, False) for tail in TailVariant.every() if tail.masked]
 
-    def _decode_step(self, padded_rows: int, key: GraphVariant) -> torch.Tensor:
-        """The captured step, one per _decode_variants key: reads only static inputs (and the penalties' state),
-        writes its results into `self.outputs.latest`."""
+    def _decode_step(self, padded_rows: int, key: GraphVariant) -> torch.Tensor | None:
+        """The captured step, one per _decode_variants key: the forward into `self.logits`, then the tail into
+        `self.outputs.latest` (a split key: one of them). Reads only static inputs (and the penalties' state)."""
+        if key.tail is None or not key.tail.masked:
+            self._decode_forward(padded_rows, key.long_rows)
+        return None if key.tail is None else self._sample(self.logits[:padded_rows], padded_rows, key.tail)
+
+    def _decode_forward(self, padded_rows: int, long_rows: bool) -> None:
         inp, rows = self.stager.inputs, slice(padded_rows)
         kv_heads = self.model.config.num_key_value_heads
         meta = AttentionMetadata(
@@ -226,14 +233,13 @@ class ModelRunner:
             block_tables=inp.block_tables[rows],
             seq_lens=inp.seq_lens[rows],
             num_splits=self.long_row_splits[padded_rows]
-            if key.long_rows
+            if long_rows
             else default_num_splits(padded_rows, kv_heads, self.max_model_len, num_sms(self.device)),
             split_arrivals=self.split_arrivals[rows],
         )
         fed_from = self._fed_from(inp.prev_row[rows])
         hidden = self.model(inp.input_ids[rows], inp.positions[rows], self.kv_cache, meta, fed_from)
-        logits = self.model.compute_logits(hidden, out=self.logits[:padded_rows])
-        return self._sample(logits, padded_rows, key.tail)
+        self.model.compute_logits(hidden, out=self.logits[:padded_rows])
 
     def _fed_from(self, prev_rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
         """With async scheduling, rows fed by the step in flight read its sampled token (column 0 of `latest`)."""
@@ -243,18 +249,11 @@ class ModelRunner:
         """The tail over the staged rows, packing into `latest`: what the logprobs are taken from."""
         return self.tail.run(logits, self.stager.inputs, rows, variant, self.outputs.latest[:rows])
 
-    def _copy_out(
-        self, reqs: list[Request], lp_logits: torch.Tensor | None, prompt_spans: list[ScoredSpan] | None = None
-    ) -> StepInFlight:
-        buffer = self.outputs.copy_out(len(reqs))
-        slots = [req.reserve_output_slot() for req in reqs]
-        return StepInFlight(reqs, slots, buffer, lp_logits, prompt_spans or [])
+    def _launch(self, step: StepInFlight) -> StepInFlight:
+        """Its tail run now, or, masked, left to launch_tail."""
+        if not step.masked:
+            self.launch_tail(step)
+        return step
 
     def _tensor(self, values) -> torch.Tensor:
         return torch.as_tensor(np.asarray(values, dtype=np.int64)).to(self.device, non_blocking=True)
-
-
-def _previous_rows(reqs: list[Request], previous: StepInFlight | None) -> list[int]:
-    """Each request's row in the step in flight (whose sampled token is its input), or -1."""
-    rows = {req.request_id: row for row, req in enumerate(previous.reqs)} if previous else {}
-    return [rows.get(req.request_id, -1) for req in reqs]

@@ -21,9 +21,9 @@ from qwen3_runtime.packed_rows import build_latest
 from qwen3_runtime.params import RequestLimits, SamplingParams, check_request
 from qwen3_runtime.request import PENDING, Request, RequestOutput, RequestUpdate, Status
 from qwen3_runtime.request_grammars import RequestGrammars
-from qwen3_runtime.runner import RowResult, StepInFlight
 from qwen3_runtime.scheduler import Scheduler
 from qwen3_runtime.stats import RunnerStats
+from qwen3_runtime.step_in_flight import RowResult, StepInFlight
 from qwen3_runtime.summary import EngineSummary
 from qwen3_runtime.tokenizer import Tokenizer, load_tokenizer
 from qwen3_runtime.tokenizer.core import prompt_ids
@@ -156,7 +156,8 @@ class Runtime:
         With async scheduling a step stays in flight: the next call launches the step after it (whose
         decoding rows' input tokens the device reads from the step in flight) before processing it, so the
         host schedules and stages while the GPU runs, and the tokens of the step in flight go out while the
-        next one runs, a prefill step too."""
+        next one runs, a prefill step too. A constrained step launches its forward first, its tail after that
+        processing, whose tokens its grammar masks need."""
         self._check_open()
         previous, self._in_flight = self._in_flight, None
         finished, self._undelivered = self._undelivered, []
@@ -167,11 +168,13 @@ class Runtime:
             run = self.runner.prefill if is_prefill else self.runner.launch_decode
             launched = run(reqs, previous)
         if previous is not None:
-            finished += self._process(previous)
-        if launched is not None and self.runner.overlappable(launched):
-            self._in_flight = launched
-        elif launched is not None:
-            finished += self._process(launched)
+            finished += self._process(previous)  # its tokens advance the grammars the launched step's masks read
+        if launched is not None:
+            self.runner.launch_tail(launched)  # a masked step's tail: its masks are filled as its forward runs
+            if self.runner.overlappable(launched):
+                self._in_flight = launched
+            else:
+                finished += self._process(launched)
         return finished
 
     def _ending(self, previous: StepInFlight | None) -> frozenset[int]:

@@ -182,8 +182,9 @@ class InputStager:
             slot_mapping=[cache_slot(req.block_table, p, self.block_size) for req, p in zip(reqs, positions)],
             seq_lens=[p + 1 for p in positions],
             prev_rows=prev_rows or [-1] * len(reqs),
-            # Output slots of steps in flight count: their tokens are being produced.
-            suppress_stop=[len(req.output) < req.params.min_tokens for req in reqs],
+            # Output slots of steps in flight count: their tokens are being produced. A constrained request's
+            # min_tokens is held by its grammar mask (sampling_tail/grammar_rows.py).
+            suppress_stop=[len(req.output) < req.params.min_tokens and not req.constrained for req in reqs],
             requests=changed,
         )
         self._row_requests[:padded_rows] = [req.request_id for req in reqs] + [None] * (padded_rows - len(reqs))

@@ -30,7 +30,7 @@ class SamplingTail:
         self.logprobs_mode, self.routing = config.mode, LogprobsRouting.from_config(config)
         self.logprobs = LogprobBuffers.allocate(max_rows, self.routing.k_max, vocab, device)
         self.penalties = PenaltySlots.allocate(max_rows, vocab, eos_token_ids, device)
-        self.grammar = GrammarRows(max_rows, vocab, device)
+        self.grammar = GrammarRows(max_rows, vocab, self.penalties.eos_token_ids, device)
 
     def variant(self, reqs: Sequence[Request]) -> TailVariant:
         return TailVariant.of(reqs, self.logprobs_mode)
@@ -43,11 +43,6 @@ class SamplingTail:
         ints = (p.top_k, req.seed, device_k or 0, device_k is not None, processed, self.penalties.slot(req))
         floats = (p.temperature, p.top_p, p.min_p, p.presence_penalty, p.frequency_penalty, p.repetition_penalty)
         return RequestRow(ints, floats)
-
-    def stage(self, reqs: Sequence[Request], padded_rows: int, variant: TailVariant) -> None:
-        """What the tail reads beyond the step inputs: the grammar masks, for a masked variant."""
-        if variant.masked:
-            self.grammar.stage(reqs, padded_rows)
 
     def acquire(self, reqs: Iterable[Request]) -> None:
         """A penalty slot for each penalized request without one; before its row is staged (the slot is in it)."""
@@ -83,7 +78,7 @@ class SamplingTail:
             cutoff = filter_cutoffs(penalized_logits, params, peak) if variant.sampler == Sampler.SORT else None
             tokens = sample_raw(penalized_logits, params, peak, inp.processed[:rows], cutoff, write_to=logits)
         if raw is not None:  # the raw rows' logprobs from the unmasked logits
-            logits.copy_(torch.where(inp.processed[:rows, None] != 0, logits, raw))
+            torch.where(inp.processed[:rows, None] != 0, logits, raw, out=logits)  # in place: no [rows, V] temporary
         reduced = self.logprobs.head(rows)
         reduce_logprobs(
             logits, tokens, inp.num_top[:rows], self.routing.k_max, row_mask=inp.wants_logprobs[:rows], out=reduced

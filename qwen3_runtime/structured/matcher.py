@@ -115,3 +115,13 @@ class HostBitmask:
             live[0].fill_next_token_bitmask(self.array, live_rows[0])
         elif live:
             self._batch.batch_fill_next_token_bitmask(live, self.array, live_rows)
+
+    def hold_end(self, row: int, token_ids: Sequence[int]) -> None:
+        """Ban `token_ids` (min_tokens' stop ids) in `row`, unless they are all it allows: the grammar can then
+        only end, and banning them would leave nothing to sample."""
+        words = self.array[row].view(np.uint32)
+        ids = np.asarray(token_ids, dtype=np.int64)
+        kept = words[ids // 32]  # a copy
+        np.bitwise_and.at(words, ids // 32, ~np.left_shift(np.uint32(1), (ids % 32).astype(np.uint32)))
+        if not words.any():
+            words[ids // 32] = kept

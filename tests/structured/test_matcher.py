@@ -159,3 +159,22 @@ def test_the_host_bitmask_fills_many_rows_as_one_by_one(compiler, tok):
     bitmask.fill_all_ones(slice(0, 1))
     assert (bitmask.array[[0, 2, 7]] == ALL_ONES).all() and (bitmask.array[4] != ALL_ONES).any()
     assert (bitmask.tensor[2] == -1).all()
+
+
+def test_hold_end_bans_the_stop_ids_unless_they_are_all_the_grammar_allows(compiler, tok):
+    """min_tokens through the mask: where the grammar may go on, its stop ids go; where it can only end, they stay
+    (the grammar's end, which banning would turn into an empty row). Ids past bit 30 of a word included."""
+    bitmask = HostBitmask.allocate(3, VOCAB, threads=2)
+    going_on = matcher_for(compiler, OutputConstraint.regex(r"[a-c]+"))
+    drive(going_on, tok.encode("ab"))
+    ending = matcher_for(compiler, OutputConstraint.choice(["yes"]))
+    drive(ending, tok.encode("yes"))
+    bitmask.fill([0, 1], [going_on, ending])
+    stops = [*EOS, 31, 63]  # 31 and 63: the sign bit of words 0 and 1
+    bitmask.hold_end(0, stops)
+    bitmask.hold_end(1, stops)
+    bitmask.hold_end(2, stops)  # an unconstrained (all ones) row
+    assert set(allowed(going_on)) & set(EOS) and not set(allowed_ids(bitmask.array[0])) & set(stops)
+    assert set(allowed_ids(bitmask.array[0])) == set(allowed(going_on)) - set(EOS)
+    assert set(allowed_ids(bitmask.array[1])) == set(EOS) == set(allowed(ending))
+    assert set(range(VOCAB)) - set(allowed_ids(bitmask.array[2])) == set(stops)
