@@ -23,18 +23,18 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 @triton.jit
 def _matmul(
-    a_ptr, a_rows, stride_a, b_ptr, b_rows, stride_b, K, s_ptr, stride_s,
+    a_ptr, a_rows, stride_a, b_ptr, b_rows, stride_b, K, s_ptr, expert, stride_se, stride_sn,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """acc[m, n] = sum over k of A[a_rows[m], k] * B[b_rows[n], k], in fp32 over K in BLOCK_K steps. Every row index
-    is in bounds (callers clamp those whose results they drop), so whole K-tiles load unmasked. SCALE_BLOCK: B is FP8,
-    B[n, k] times s[n // SCALE_BLOCK, k // SCALE_BLOCK] (row stride stride_s), each K-tile inside one block."""
+    is in bounds (callers clamp those whose results they drop), so whole K-tiles load unmasked. SCALE_BLOCK: B is the
+    expert's FP8 weight, B[n, k] times s[expert, n // SCALE_BLOCK, k // SCALE_BLOCK], each K-tile inside one block."""
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + a_rows[:, None].to(tl.int64) * stride_a + offs_k[None, :]
     b_ptrs = b_ptr + b_rows[None, :].to(tl.int64) * stride_b + offs_k[:, None]  # B^T tile [BLOCK_K, BLOCK_N]
     if SCALE_BLOCK:
-        s_ptrs = s_ptr + (b_rows // SCALE_BLOCK) * stride_s
+        s_ptrs = s_ptr + expert.to(tl.int64) * stride_se + (b_rows // SCALE_BLOCK) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k in range(0, K, BLOCK_K):
         if EVEN_K:
@@ -122,16 +122,9 @@ def _sorted_rows(order_ptr, table_ptr, block, num_blocks, BLOCK_M: tl.constexpr)
 
 
 @triton.jit
-def _expert_scales(s_ptr, expert, stride_se, SCALE_BLOCK: tl.constexpr):
-    """The expert's block scales (FP8 weights), or s_ptr itself (None) for 16-bit ones."""
-    if SCALE_BLOCK:
-        s_ptr += expert.to(tl.int64) * stride_se
-    return s_ptr
-
-
-@triton.jit
 def _gate_up_tile(
-    x_ptr, w_ptr, s_ptr, act_ptr, rows, pid_n, top_k, inter, K, stride_x, stride_wn, stride_sn, stride_act,
+    x_ptr, w_ptr, s_ptr, act_ptr, rows, expert, pid_n, top_k, inter, K,
+    stride_x, stride_wn, stride_se, stride_sn, stride_act,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -142,7 +135,7 @@ def _gate_up_tile(
     w_rows = tl.where(cols < inter, cols + (tl.arange(0, BLOCK_N) % 2) * inter, 0)
     tokens = tl.where(rows >= 0, rows // top_k, 0)
     acc = _matmul(
-        x_ptr, tokens, stride_x, w_ptr, w_rows, stride_wn, K, s_ptr, stride_sn,
+        x_ptr, tokens, stride_x, w_ptr, w_rows, stride_wn, K, s_ptr, expert, stride_se, stride_sn,
         BLOCK_M, BLOCK_N, BLOCK_K, SCALE_BLOCK, EVEN_K, UPCAST, DOT_PRECISION,
     )  # fmt: skip
     gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
@@ -174,8 +167,8 @@ def gate_up_kernel(
         if expert < num_experts:
             rows = _sorted_rows(order_ptr, table_ptr, block, num_blocks, BLOCK_M)
             _gate_up_tile(
-                x_ptr, w_ptr + expert.to(tl.int64) * stride_we, _expert_scales(s_ptr, expert, stride_se, SCALE_BLOCK),
-                act_ptr, rows, pid_n, top_k, inter, K, stride_x, stride_wn, stride_sn, stride_act,
+                x_ptr, w_ptr + expert.to(tl.int64) * stride_we, s_ptr, act_ptr, rows, expert, pid_n, top_k, inter, K,
+                stride_x, stride_wn, stride_se, stride_sn, stride_act,
                 BLOCK_M, BLOCK_N, BLOCK_K, SCALE_BLOCK, EVEN_K, UPCAST, DOT_PRECISION,
             )  # fmt: skip
     else:
@@ -187,9 +180,8 @@ def gate_up_kernel(
             for first in range(0, _count_pairs(ids_ptr, num_pairs, expert, CHUNK), BLOCK_M):
                 rows = _gather_pairs(ids_ptr, num_pairs, expert, first, BLOCK_M, CHUNK)
                 _gate_up_tile(
-                    x_ptr, w_ptr + expert.to(tl.int64) * stride_we,
-                    _expert_scales(s_ptr, expert, stride_se, SCALE_BLOCK), act_ptr, rows, pid_n, top_k, inter, K,
-                    stride_x, stride_wn, stride_sn, stride_act,
+                    x_ptr, w_ptr + expert.to(tl.int64) * stride_we, s_ptr, act_ptr, rows, expert, pid_n, top_k,
+                    inter, K, stride_x, stride_wn, stride_se, stride_sn, stride_act,
                     BLOCK_M, BLOCK_N, BLOCK_K, SCALE_BLOCK, EVEN_K, UPCAST, DOT_PRECISION,
                 )  # fmt: skip
     if USE_PDL:  # last: the next kernel may launch
@@ -214,8 +206,8 @@ def _down_tile(
     else:
         acc = _matmul(
             act_ptr, tl.where(valid, rows, 0), stride_act, w_ptr + expert.to(tl.int64) * stride_we,
-            tl.where(cols < N, cols, 0), stride_wn, K, _expert_scales(s_ptr, expert, stride_se, SCALE_BLOCK),
-            stride_sn, BLOCK_M, BLOCK_N, BLOCK_K, SCALE_BLOCK, EVEN_K, UPCAST, DOT_PRECISION,
+            tl.where(cols < N, cols, 0), stride_wn, K, s_ptr, expert, stride_se, stride_sn,
+            BLOCK_M, BLOCK_N, BLOCK_K, SCALE_BLOCK, EVEN_K, UPCAST, DOT_PRECISION,
         )  # fmt: skip
         weight = tl.load(weights_ptr + rows, mask=valid, other=0.0)
         tl.store(out, acc * weight[:, None], mask=mask)
