@@ -290,28 +290,37 @@ QWEN3_4B = [(6144, 2560), (19456, 2560), (2560, 4096), (2560, 9728)]  # qkv, gat
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.parametrize("rows", [1, 8, 32, 64, 128, 512, 4096])
 def test_fp8_projections_of_qwen3_4b_on_the_gpu(rows):
-    """Weight-only rows within bf16 rounding of the dequantized product; W8A8 rows within the activations'
-    quantization error (5% of the largest output; 2.6% measured on the CPU with these Gaussian inputs)."""
+    """Against the dequantized product in fp32. Weight-only (the skinny kernel's rows): within bf16 rounding, 1% of
+    the largest output. W8A8: within the activations' quantization error, 5% of the product's norm (measured on the CPU
+    with these Gaussian inputs: 2.6%, 3.7% after silu * up) and 10% of its largest value; the GEMM itself within 1e-3 of
+    the exact product of its own quantized operands (fp32 sums; Hopper's FP8 tensor cores accumulate each 128-wide block
+    in about 14 bits), and its silu * up within bf16 rounding."""
     gen = torch.Generator(device="cuda").manual_seed(rows)
-    weight_only = rows <= fp8_module.FP8_SKINNY_MAX_ROWS
-    tol = 1e-2 if weight_only else 5e-2
+
+    def check(out, ref, weight_only):
+        out = out.float()
+        assert out.shape == ref.shape and not out.isnan().any()
+        if weight_only:
+            assert (out - ref).abs().max() <= 1e-2 * ref.abs().max()
+        else:
+            assert (out - ref).norm() <= 0.05 * ref.norm() and (out - ref).abs().max() <= 0.1 * ref.abs().max()
+
     for n, k in QWEN3_4B:
         x = torch.randn(rows, k, device="cuda", generator=gen).bfloat16()
         q, s = quantize_blocks(torch.randn(n, k, device="cuda", generator=gen) * 0.02)
         ref = x.float() @ dequantize_blocks(q, s).t()
-        outs = [fp8_linear(x, q, s).float(), fp8_linear_partials(x, q, s).float().sum(0)]
+        check(fp8_linear(x, q, s), ref, rows <= fp8_module.FP8_SKINNY_MAX_ROWS)
+        check(fp8_linear_partials(x, q, s).float().sum(0), ref, rows <= fp8_module.FP8_FUSED_MAX_ROWS)
         if n == 19456:
-            ref_gated = silu_mul_reference(ref)
-            outs_gated = [fp8_gated_linear(x, q, s).float()]
-            for out in outs_gated:
-                assert (out - ref_gated).abs().max() <= tol * ref_gated.abs().max()
-        for out in outs:
-            assert out.shape == ref.shape and (out - ref).abs().max() <= tol * ref.abs().max(), (n, k)
-        if not weight_only:  # the GEMM itself: exact up to fp32 sums against its own quantized operands
-            xq, xs = quantize_activation_groups(x)
-            exact = _dequantize_groups(xq, xs) @ dequantize_blocks(q, s).t()
-            got = w8a8_matmul(xq, xs, q, s, torch.float32)
-            assert (got - exact).abs().max() <= 1e-4 * exact.abs().max()
+            check(fp8_gated_linear(x, q, s), silu_mul_reference(ref), rows <= fp8_module.FP8_FUSED_MAX_ROWS)
+        xq, xs = quantize_activation_groups(x)
+        exact = _dequantize_groups(xq, xs).double() @ dequantize_blocks(q, s).double().t()
+        got = w8a8_matmul(xq, xs, q, s, torch.float32)
+        assert (got - exact).abs().max() <= 1e-3 * exact.abs().max(), (n, k)
+        if n == 19456:
+            gated = w8a8_matmul(xq, xs, q, s, torch.bfloat16, gated=True).double()
+            want = silu_mul_reference(exact)
+            assert (gated - want).abs().max() <= 1e-2 * want.abs().max()
 
 
 @pytest.mark.gpu
