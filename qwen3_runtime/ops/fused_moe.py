@@ -6,6 +6,11 @@ x's dtype; down writes each pair's weighted output to its slot of [k, T, H] fp32
 residual add + RMSNorm takes (`add_rms_norm`), so nothing here adds across experts and nothing uses atomics. The way a
 program finds its rows and the tiles come from ops/moe_config.py, by the call's static sizes, so a captured graph
 always runs the same kernels.
+
+Block-FP8 experts (Qwen's FP8 checkpoints): w13 and w2 float8_e4m3fn with fp32 scales per expert, 128-row block and
+128-column block (`w13_scale` [E, 2I / 128, ceil(H / 128)], `w2_scale` [E, ceil(H / 128), ceil(I / 128)]), applied
+weight-only: the kernels convert each weight tile in registers and scale each K-tile's product (K-tiles must divide
+128, so none straddles two blocks; I a multiple of 128, so no block holds gate and up rows).
 """
 
 from __future__ import annotations
@@ -15,7 +20,9 @@ import torch.nn.functional as F
 import triton
 
 from qwen3_runtime.ops import pdl_launch, use_triton
+from qwen3_runtime.ops.fp8_linear import dequantize_blocks
 from qwen3_runtime.ops.fused_moe_kernels import down_kernel, gate_up_kernel
+from qwen3_runtime.ops.linear import SCALE_BLOCK
 from qwen3_runtime.ops.moe_config import MoeConfig, lookup
 
 # Scan programs compare BLOCK_M wanted rows (or every expert) with this many routing entries at a time.
@@ -33,17 +40,19 @@ def fused_moe(
     expert_ids: torch.Tensor,
     weights: torch.Tensor,
     invariant: bool = False,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; expert_ids [T, k] int32 and weights
     [T, k] fp32 (moe_routing.route). Returns [k, T, H] fp32 partial sums, slot s of token t being its s-th expert's
     weighted output, for the next norm to add (ops/norms.py); a pair routed to expert E (a padded row) is 0.
     invariant (engine.batch_invariant): one path and tile shape at every T, so a token's bits do not depend on the
-    call's other tokens."""
+    call's other tokens. w13_scale, w2_scale: the block scales of FP8 experts (both or neither)."""
     if not use_triton(x):
-        return fused_moe_reference(x, w13, w2, expert_ids, weights)
+        return fused_moe_reference(x, w13, w2, expert_ids, weights, w13_scale, w2_scale)
     tokens, top_k = expert_ids.shape
     configs = lookup(w13, tokens, top_k, invariant), lookup(w2, tokens, top_k, invariant)
-    return fused_moe_with(x, w13, w2, expert_ids, weights, *configs)
+    return fused_moe_with(x, w13, w2, expert_ids, weights, *configs, w13_scale=w13_scale, w2_scale=w2_scale)
 
 
 def fused_moe_with(
@@ -54,20 +63,30 @@ def fused_moe_with(
     weights: torch.Tensor,
     gate_up_config: MoeConfig,
     down_config: MoeConfig,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """fused_moe with each kernel's configuration given (tests, scripts/tune_moe.py)."""
     (tokens, hidden), (num_experts, inter) = x.shape, (w2.shape[0], w2.shape[2])
     top_k = expert_ids.shape[1]
     assert w13.shape == (num_experts, 2 * inter, hidden) and w2.shape == (num_experts, hidden, inter)
-    assert x.dtype == w13.dtype == w2.dtype and expert_ids.dtype == torch.int32 and weights.dtype == torch.float32
+    assert expert_ids.dtype == torch.int32 and weights.dtype == torch.float32
+    if w13_scale is None and w2_scale is None:
+        assert x.dtype == w13.dtype == w2.dtype
+    else:
+        assert w13.dtype == w2.dtype == torch.float8_e4m3fn and inter % SCALE_BLOCK == 0
+        assert w13_scale.shape == (num_experts, 2 * inter // SCALE_BLOCK, triton.cdiv(hidden, SCALE_BLOCK))
+        assert w2_scale.shape == (num_experts, triton.cdiv(hidden, SCALE_BLOCK), inter // SCALE_BLOCK)
+        assert w13_scale.dtype == w2_scale.dtype == torch.float32 and w13_scale.stride(2) == w2_scale.stride(2) == 1
+        assert SCALE_BLOCK % gate_up_config.block_k == 0 and SCALE_BLOCK % down_config.block_k == 0
     assert x.stride(1) == w13.stride(2) == w2.stride(2) == 1 and expert_ids.is_contiguous() and weights.is_contiguous()
     act = torch.empty(tokens * top_k, inter, dtype=x.dtype, device=x.device)
     out = torch.empty(top_k, tokens, hidden, dtype=torch.float32, device=x.device)
     if tokens:
         groupings: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         prefetch = _down_prefetch_bytes(w2, tokens, gate_up_config, down_config)
-        gate_up(x, w13, expert_ids, act, gate_up_config, groupings, dependents_early=prefetch > 0)
-        down(act, w2, expert_ids, weights, out, down_config, groupings, prefetch)
+        gate_up(x, w13, expert_ids, act, gate_up_config, groupings, w13_scale, dependents_early=prefetch > 0)
+        down(act, w2, expert_ids, weights, out, down_config, groupings, w2_scale, prefetch)
     return out
 
 
@@ -96,6 +115,7 @@ def gate_up(
     act: torch.Tensor,
     config: MoeConfig,
     groupings: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    scale: torch.Tensor | None = None,
     dependents_early: bool = False,
 ) -> None:
     """act[p] = silu(gate) * up of pair p's expert on its token's x (pairs of expert E: unwritten).
@@ -103,10 +123,10 @@ def gate_up(
     num_experts, n, k = w13.shape
     grid, args, order, table, num_blocks = _rows(expert_ids, num_experts, n, config, groupings)
     gate_up_kernel[grid](
-        x, w13, expert_ids, order, table, act,
+        x, w13, scale, expert_ids, order, table, act,
         expert_ids.numel(), num_experts, expert_ids.shape[1], n // 2, k, num_blocks,
-        x.stride(0), w13.stride(0), w13.stride(1), act.stride(0),
-        **args, **_tiles(config, k, x), **pdl_launch(x), DEPENDENTS_EARLY=dependents_early,
+        x.stride(0), w13.stride(0), w13.stride(1), *_scale_strides(scale), act.stride(0),
+        **args, **_tiles(config, k, x, scale), **pdl_launch(x), DEPENDENTS_EARLY=dependents_early,
     )  # fmt: skip
 
 
@@ -118,6 +138,7 @@ def down(
     out: torch.Tensor,
     config: MoeConfig,
     groupings: dict[int, tuple[torch.Tensor, torch.Tensor]],
+    scale: torch.Tensor | None = None,
     prefetch_bytes: int = 0,
 ) -> None:
     """out[s, t] = weights[t, s] * (act[t k + s] @ w2[expert]^T), 0 for expert E. prefetch_bytes: of each weight
@@ -125,19 +146,25 @@ def down(
     num_experts, n, k = w2.shape
     grid, args, order, table, num_blocks = _rows(expert_ids, num_experts, n, config, groupings)
     down_kernel[grid](
-        act, w2, expert_ids, weights, order, table, out,
+        act, w2, scale, expert_ids, weights, order, table, out,
         expert_ids.numel(), num_experts, expert_ids.shape[1], n, k, num_blocks,
-        act.stride(0), w2.stride(0), w2.stride(1), out.stride(0),
-        **args, **_tiles(config, k, act), **pdl_launch(act), PREFETCH_BYTES=prefetch_bytes,
+        act.stride(0), w2.stride(0), w2.stride(1), *_scale_strides(scale), out.stride(0),
+        **args, **_tiles(config, k, act, scale), **pdl_launch(act), PREFETCH_BYTES=prefetch_bytes,
     )  # fmt: skip
 
 
-def _tiles(config: MoeConfig, k: int, a: torch.Tensor) -> dict:
+def _scale_strides(scale: torch.Tensor | None) -> tuple[int | None, int | None]:
+    """An FP8 expert's scale strides (expert, row block); None for 16-bit experts, whose kernels compile as before."""
+    return (None, None) if scale is None else (scale.stride(0), scale.stride(1))
+
+
+def _tiles(config: MoeConfig, k: int, a: torch.Tensor, scale: torch.Tensor | None = None) -> dict:
     return dict(
         BLOCK_M=config.block_m,
         BLOCK_N=config.block_n,
         BLOCK_K=config.block_k,
         GROUP_M=config.group_m,
+        SCALE_BLOCK=0 if scale is None else SCALE_BLOCK,
         EVEN_K=k % config.block_k == 0,
         UPCAST=not a.is_cuda and a.dtype != torch.float32,
         DOT_PRECISION="ieee" if a.dtype == torch.float32 else "tf32",
@@ -194,9 +221,18 @@ def group_by_expert(ids: torch.Tensor, num_experts: int, block_m: int) -> tuple[
 
 
 def fused_moe_reference(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, expert_ids: torch.Tensor, weights: torch.Tensor
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    expert_ids: torch.Tensor,
+    weights: torch.Tensor,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """In fp32, rounding as the kernels do: gate and up to x's dtype, silu(gate) * up to x's dtype."""
+    """In fp32, rounding as the kernels do: gate and up to x's dtype, silu(gate) * up to x's dtype. FP8 experts
+    (with their scales): of the dequantized weights."""
+    if w13_scale is not None or w2_scale is not None:
+        w13, w2 = dequantize_blocks(w13, w13_scale), dequantize_blocks(w2, w2_scale)
     num_experts, inter = w13.shape[0], w2.shape[2]
     out = torch.zeros(expert_ids.shape[1], x.shape[0], x.shape[1], dtype=torch.float32, device=x.device)
     for expert in expert_ids.unique().tolist():

@@ -10,6 +10,8 @@ its rows one of two ways, both static in shape (CUDA graphs) and neither syncing
   table of (expert, first, end) per block (ops.fused_moe.group_by_expert); blocks past the used ones exit.
 Pairs of padded rows (expert E) read no weight: gate/up skips them (their act rows stay unwritten and unread), down
 writes their output rows' zeros.
+Block-FP8 experts (SCALE_BLOCK > 0): each weight tile is converted to the activations' dtype in registers and each
+K-tile's product scaled by its weight rows' scales (per expert, 128-row block and 128-column block), in fp32.
 """
 
 from __future__ import annotations
@@ -21,15 +23,18 @@ from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 @triton.jit
 def _matmul(
-    a_ptr, a_rows, stride_a, b_ptr, b_rows, stride_b, K,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    a_ptr, a_rows, stride_a, b_ptr, b_rows, stride_b, K, s_ptr, expert, stride_se, stride_sn,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """acc[m, n] = sum over k of A[a_rows[m], k] * B[b_rows[n], k], in fp32 over K in BLOCK_K steps. Every row index
-    is in bounds (callers clamp those whose results they drop), so whole K-tiles load unmasked."""
+    is in bounds (callers clamp those whose results they drop), so whole K-tiles load unmasked. SCALE_BLOCK: B is the
+    expert's FP8 weight, B[n, k] times s[expert, n // SCALE_BLOCK, k // SCALE_BLOCK], each K-tile inside one block."""
     offs_k = tl.arange(0, BLOCK_K)
     a_ptrs = a_ptr + a_rows[:, None].to(tl.int64) * stride_a + offs_k[None, :]
     b_ptrs = b_ptr + b_rows[None, :].to(tl.int64) * stride_b + offs_k[:, None]  # B^T tile [BLOCK_K, BLOCK_N]
+    if SCALE_BLOCK:
+        s_ptrs = s_ptr + expert.to(tl.int64) * stride_se + (b_rows // SCALE_BLOCK) * stride_sn
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     for k in range(0, K, BLOCK_K):
         if EVEN_K:
@@ -39,9 +44,14 @@ def _matmul(
             k_mask = offs_k + k < K
             a = tl.load(a_ptrs, mask=k_mask[None, :], other=0.0)
             b = tl.load(b_ptrs, mask=k_mask[:, None], other=0.0)
+        if SCALE_BLOCK:
+            b = b.to(a.dtype)
         if UPCAST:  # the interpreter's dot (numpy) takes no bf16
             a, b = a.to(tl.float32), b.to(tl.float32)
-        acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
+        if SCALE_BLOCK:  # the K-tile's block column: one scale a weight row
+            acc += tl.dot(a, b, input_precision=DOT_PRECISION) * tl.load(s_ptrs + k // SCALE_BLOCK)[None, :]
+        else:
+            acc = tl.dot(a, b, acc, input_precision=DOT_PRECISION)
         a_ptrs += BLOCK_K
         b_ptrs += BLOCK_K
     return acc
@@ -127,8 +137,9 @@ def _prefetch_rows(w_ptr, rows, stride_wn, NBYTES: tl.constexpr):
 
 @triton.jit
 def _gate_up_tile(
-    x_ptr, w_ptr, act_ptr, rows, pid_n, top_k, inter, K, stride_x, stride_wn, stride_act,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    x_ptr, w_ptr, s_ptr, act_ptr, rows, expert, pid_n, top_k, inter, K,
+    stride_x, stride_wn, stride_se, stride_sn, stride_act,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """act[rows, tile] = silu(gate) * up: the tile's weight rows alternate a gate row and its up row, so one product
@@ -138,8 +149,9 @@ def _gate_up_tile(
     w_rows = tl.where(cols < inter, cols + (tl.arange(0, BLOCK_N) % 2) * inter, 0)
     tokens = tl.where(rows >= 0, rows // top_k, 0)
     acc = _matmul(
-        x_ptr, tokens, stride_x, w_ptr, w_rows, stride_wn, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, DOT_PRECISION
-    )
+        x_ptr, tokens, stride_x, w_ptr, w_rows, stride_wn, K, s_ptr, expert, stride_se, stride_sn,
+        BLOCK_M, BLOCK_N, BLOCK_K, SCALE_BLOCK, EVEN_K, UPCAST, DOT_PRECISION,
+    )  # fmt: skip
     gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N // 2, 2)))
     dtype = act_ptr.dtype.element_ty
     gate, up = gate.to(dtype).to(tl.float32), up.to(dtype).to(tl.float32)
@@ -151,14 +163,16 @@ def _gate_up_tile(
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])  # one compiled kernel for every token count
 def gate_up_kernel(
-    x_ptr, w_ptr, ids_ptr, order_ptr, table_ptr, act_ptr,
-    num_pairs, num_experts, top_k, inter, K, num_blocks, stride_x, stride_we, stride_wn, stride_act,
+    x_ptr, w_ptr, s_ptr, ids_ptr, order_ptr, table_ptr, act_ptr,
+    num_pairs, num_experts, top_k, inter, K, num_blocks, stride_x, stride_we, stride_wn, stride_se, stride_sn,
+    stride_act,
     SORTED: tl.constexpr, COMPACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_E: tl.constexpr,
-    EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
-    DEPENDENTS_EARLY: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr, DEPENDENTS_EARLY: tl.constexpr,
 ):  # fmt: skip
-    """act [P, I] (x's dtype) = silu(x[t] @ gate^T) * (x[t] @ up^T) of pair p's expert, w [E, 2I, K].
+    """act [P, I] (x's dtype) = silu(x[t] @ gate^T) * (x[t] @ up^T) of pair p's expert, w [E, 2I, K] (FP8 with
+    SCALE_BLOCK: scales s [E, 2I / SCALE_BLOCK, K / SCALE_BLOCK], I a multiple of SCALE_BLOCK).
     DEPENDENTS_EARLY: down launches once every program has waited (the routing is then final), so its programs
     request their weights into L2 while this kernel streams."""
     if USE_PDL:  # the routing comes from the previous kernels
@@ -171,8 +185,9 @@ def gate_up_kernel(
         if expert < num_experts:
             rows = _sorted_rows(order_ptr, table_ptr, block, num_blocks, BLOCK_M)
             _gate_up_tile(
-                x_ptr, w_ptr + expert.to(tl.int64) * stride_we, act_ptr, rows, pid_n, top_k, inter, K,
-                stride_x, stride_wn, stride_act, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, DOT_PRECISION,
+                x_ptr, w_ptr + expert.to(tl.int64) * stride_we, s_ptr, act_ptr, rows, expert, pid_n, top_k, inter, K,
+                stride_x, stride_wn, stride_se, stride_sn, stride_act,
+                BLOCK_M, BLOCK_N, BLOCK_K, SCALE_BLOCK, EVEN_K, UPCAST, DOT_PRECISION,
             )  # fmt: skip
     else:
         pid_n = tl.program_id(1)
@@ -183,8 +198,9 @@ def gate_up_kernel(
             for first in range(0, _count_pairs(ids_ptr, num_pairs, expert, CHUNK), BLOCK_M):
                 rows = _gather_pairs(ids_ptr, num_pairs, expert, first, BLOCK_M, CHUNK)
                 _gate_up_tile(
-                    x_ptr, w_ptr + expert.to(tl.int64) * stride_we, act_ptr, rows, pid_n, top_k, inter, K,
-                    stride_x, stride_wn, stride_act, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, DOT_PRECISION,
+                    x_ptr, w_ptr + expert.to(tl.int64) * stride_we, s_ptr, act_ptr, rows, expert, pid_n, top_k,
+                    inter, K, stride_x, stride_wn, stride_se, stride_sn, stride_act,
+                    BLOCK_M, BLOCK_N, BLOCK_K, SCALE_BLOCK, EVEN_K, UPCAST, DOT_PRECISION,
                 )  # fmt: skip
     if USE_PDL and not DEPENDENTS_EARLY:  # last: the next kernel may launch
         gdc_launch_dependents()
@@ -192,9 +208,9 @@ def gate_up_kernel(
 
 @triton.jit
 def _down_tile(
-    act_ptr, w_ptr, weights_ptr, out_ptr, rows, expert, num_experts, pid_n, top_k, N, K,
-    stride_act, stride_we, stride_wn, stride_slot,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    act_ptr, w_ptr, s_ptr, weights_ptr, out_ptr, rows, expert, num_experts, pid_n, top_k, N, K,
+    stride_act, stride_we, stride_wn, stride_se, stride_sn, stride_slot,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SCALE_BLOCK: tl.constexpr,
     EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     """out[s, t, tile] = weight[t, s] * (act[p] @ w[expert]^T) for the rows' pairs p = t * k + s; 0 for expert E."""
@@ -208,7 +224,8 @@ def _down_tile(
     else:
         acc = _matmul(
             act_ptr, tl.where(valid, rows, 0), stride_act, w_ptr + expert.to(tl.int64) * stride_we,
-            tl.where(cols < N, cols, 0), stride_wn, K, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, DOT_PRECISION,
+            tl.where(cols < N, cols, 0), stride_wn, K, s_ptr, expert, stride_se, stride_sn,
+            BLOCK_M, BLOCK_N, BLOCK_K, SCALE_BLOCK, EVEN_K, UPCAST, DOT_PRECISION,
         )  # fmt: skip
         weight = tl.load(weights_ptr + rows, mask=valid, other=0.0)
         tl.store(out, acc * weight[:, None], mask=mask)
@@ -216,14 +233,16 @@ def _down_tile(
 
 @triton.jit(do_not_specialize=["num_pairs", "num_blocks"])
 def down_kernel(
-    act_ptr, w_ptr, ids_ptr, weights_ptr, order_ptr, table_ptr, out_ptr,
-    num_pairs, num_experts, top_k, N, K, num_blocks, stride_act, stride_we, stride_wn, stride_slot,
+    act_ptr, w_ptr, s_ptr, ids_ptr, weights_ptr, order_ptr, table_ptr, out_ptr,
+    num_pairs, num_experts, top_k, N, K, num_blocks, stride_act, stride_we, stride_wn, stride_se, stride_sn,
+    stride_slot,
     SORTED: tl.constexpr, COMPACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_E: tl.constexpr,
-    EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH_BYTES: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH_BYTES: tl.constexpr,
 ):  # fmt: skip
-    """out [k, T, N] fp32: each pair's expert output times its routing weight, w [E, N, K]; every element written.
+    """out [k, T, N] fp32: each pair's expert output times its routing weight, w [E, N, K] (FP8 with SCALE_BLOCK:
+    scales s [E, N / SCALE_BLOCK, K / SCALE_BLOCK], rounded up); every element written.
     PREFETCH_BYTES (scan path, launched early by gate/up): each program finds its expert before its PDL wait (the
     routing was final before gate/up let this kernel launch) and requests that much of each of its weight rows into
     L2."""
@@ -235,8 +254,9 @@ def down_kernel(
         if expert <= num_experts:
             rows = _sorted_rows(order_ptr, table_ptr, block, num_blocks, BLOCK_M)
             _down_tile(
-                act_ptr, w_ptr, weights_ptr, out_ptr, rows, expert, num_experts, pid_n, top_k, N, K,
-                stride_act, stride_we, stride_wn, stride_slot, BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, DOT_PRECISION,
+                act_ptr, w_ptr, s_ptr, weights_ptr, out_ptr, rows, expert, num_experts, pid_n, top_k, N, K,
+                stride_act, stride_we, stride_wn, stride_se, stride_sn, stride_slot,
+                BLOCK_M, BLOCK_N, BLOCK_K, SCALE_BLOCK, EVEN_K, UPCAST, DOT_PRECISION,
             )  # fmt: skip
     else:
         pid_n = tl.program_id(1)
@@ -254,9 +274,9 @@ def down_kernel(
             for first in range(0, _count_pairs(ids_ptr, num_pairs, expert, CHUNK), BLOCK_M):
                 rows = _gather_pairs(ids_ptr, num_pairs, expert, first, BLOCK_M, CHUNK)
                 _down_tile(
-                    act_ptr, w_ptr, weights_ptr, out_ptr, rows, expert, num_experts, pid_n, top_k, N, K,
-                    stride_act, stride_we, stride_wn, stride_slot,
-                    BLOCK_M, BLOCK_N, BLOCK_K, EVEN_K, UPCAST, DOT_PRECISION,
+                    act_ptr, w_ptr, s_ptr, weights_ptr, out_ptr, rows, expert, num_experts, pid_n, top_k, N, K,
+                    stride_act, stride_we, stride_wn, stride_se, stride_sn, stride_slot,
+                    BLOCK_M, BLOCK_N, BLOCK_K, SCALE_BLOCK, EVEN_K, UPCAST, DOT_PRECISION,
                 )  # fmt: skip
     if USE_PDL:  # last: the next kernel may launch
         gdc_launch_dependents()

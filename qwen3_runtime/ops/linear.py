@@ -10,6 +10,8 @@ so the split costs no extra launch and no atomics.
 More rows go to cuBLAS. Steps of few rows replay CUDA graphs, decode and prefill alike, which hide the
 Triton launches' host time (more than a cuBLAS call's). With `invariant` (engine.batch_invariant) every
 product goes to ops/invariant_linear.py instead, whose result for a row does not depend on the batch.
+The same kernel takes block-FP8 weights (ops/fp8_linear.py): each weight tile converted in registers to x's dtype
+and its product scaled by its rows' block scales.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ PREFETCH_BYTES = 4 << 20
 # Qwen3-4B) before their wait, while gate/up's last programs still stream. The two only pay together:
 # the early launch alone gains nothing, the prefetch alone is slower. Larger batches gain nothing.
 MLP_EARLY_ROWS = 8
+# Block-FP8 weights (ops/fp8_linear.py): a fp32 scale per SCALE_BLOCK x SCALE_BLOCK block of the weight.
+SCALE_BLOCK = 128
 
 
 class Tiles(NamedTuple):
@@ -67,6 +71,7 @@ GATED_WIDE_TILES = Tiles(128, 64, 4, 3)
 def _skinny_gemm_kernel(
     x_ptr,
     w_ptr,
+    scale_ptr,
     out_ptr,
     M,
     N,
@@ -74,12 +79,14 @@ def _skinny_gemm_kernel(
     k_per_split,
     stride_xm,
     stride_wn,
+    stride_sn,
     stride_os,
     stride_om,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GATED: tl.constexpr,
+    SCALE_BLOCK: tl.constexpr,
     EVEN: tl.constexpr,
     DOT_PRECISION: tl.constexpr,
     PREFETCH_TILES: tl.constexpr,
@@ -92,6 +99,9 @@ def _skinny_gemm_kernel(
     side, and the few batch rows are the narrow side (padded to 16 or 32), not the other way round.
     GATED: W is a fused gate/up weight [2N, K] and out[:M, tile] = silu(gate) * up, the tile's rows
     alternating a gate column and its up column, so one program holds both.
+    SCALE_BLOCK (0: none): W is FP8 with a scale per SCALE_BLOCK x SCALE_BLOCK block (scale_ptr, [N / SB, K / SB]
+    rounded up); each K-tile lies in one block (BLOCK_K divides SCALE_BLOCK), so its product with x is scaled by
+    each weight row's scale, in fp32, before it is added.
     DEPENDENTS_EARLY: let the next kernel launch as this one starts (mlp_partials), not as it ends."""
     pid_n = tl.program_id(0)
     split = tl.program_id(1)
@@ -104,10 +114,11 @@ def _skinny_gemm_kernel(
         w_rows = cols
     if PREFETCH_TILES > 0:  # weights are never written, so they may be requested before the wait
         row_starts = w_ptr + tl.where(cols < N, w_rows, 0).to(tl.int64) * stride_wn + split * k_per_split
+        tile_bytes = BLOCK_K * w_ptr.dtype.element_ty.primitive_bitwidth // 8  # bf16 or FP8
         tl.inline_asm_elementwise(
             "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;",
             "=r,l,r",
-            [row_starts, tl.full([BLOCK_N], PREFETCH_TILES * BLOCK_K * 2, tl.int32)],  # bf16
+            [row_starts, tl.full([BLOCK_N], PREFETCH_TILES * tile_bytes, tl.int32)],
             dtype=tl.int32,
             is_pure=False,
             pack=1,
@@ -120,6 +131,8 @@ def _skinny_gemm_kernel(
     x_ptrs = x_ptr + offs_m[None, :] * stride_xm + offs_k[:, None]  # x^T tile [BLOCK_K, BLOCK_M]
     w_ptrs = w_ptr + w_rows[:, None].to(tl.int64) * stride_wn + offs_k[None, :]
     m_mask = offs_m[None, :] < M
+    if SCALE_BLOCK:
+        s_ptrs = scale_ptr + (w_rows // SCALE_BLOCK) * stride_sn
     acc = tl.zeros((BLOCK_N, BLOCK_M), tl.float32)
     for k in range(0, k_per_split, BLOCK_K):
         if EVEN:  # N and K are whole tiles: unmasked weight loads
@@ -130,7 +143,15 @@ def _skinny_gemm_kernel(
             x_mask = m_mask & k_mask[:, None]
             w = tl.load(w_ptrs, mask=(cols[:, None] < N) & k_mask[None, :], other=0.0)
         x = tl.load(x_ptrs, mask=x_mask, other=0.0)
-        acc = tl.dot(w, x, acc, input_precision=DOT_PRECISION)
+        if SCALE_BLOCK:  # the K-tile's block column: one scale a weight row
+            block = (split * k_per_split + k) // SCALE_BLOCK
+            if EVEN:
+                s = tl.load(s_ptrs + block)
+            else:  # a tile past K (the last slice's) reads the last block's scales for its zeros
+                s = tl.load(s_ptrs + tl.minimum(block, (K - 1) // SCALE_BLOCK), mask=cols < N, other=0.0)
+            acc += tl.dot(w.to(x.dtype), x, input_precision=DOT_PRECISION) * s[:, None]
+        else:
+            acc = tl.dot(w, x, acc, input_precision=DOT_PRECISION)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     dtype = out_ptr.dtype.element_ty
@@ -153,12 +174,12 @@ def _num_stages(programs: int, device: torch.device) -> int:
 
 def _prefetch_tiles(weight: torch.Tensor) -> int:
     """K-tiles per weight row for the pre-wait L2 prefetch: only where the kernel launches early (ops.pdl_launch),
-    for bf16 rows with the bulk prefetch's 16-byte alignment, whole tiles inside the row."""
+    for bf16 or FP8 rows with the bulk prefetch's 16-byte alignment, whole tiles inside the row."""
     if not (
-        weight.dtype == torch.bfloat16
+        weight.dtype in (torch.bfloat16, torch.float8_e4m3fn)
         and pdl_launch(weight)["USE_PDL"]
         and weight.data_ptr() % 16 == 0
-        and weight.stride(0) % 8 == 0
+        and weight.stride(0) * weight.element_size() % 16 == 0
     ):
         return 0
     tile_bytes = BLOCK_K * weight.element_size()
@@ -174,8 +195,10 @@ def _launch(
     prefetch_tiles: int = 0,
     dependents_early: bool = False,
     tiles: Tiles | None = None,
+    scale: torch.Tensor | None = None,
 ) -> None:
-    """`tiles`: the launch's shape (scripts/bench_kernels.py sweeps them); by default the tuned one for the rows."""
+    """`tiles`: the launch's shape (scripts/bench_kernels.py sweeps them); by default the tuned one for the rows.
+    `scale`: the FP8 weight's fp32 block scales [ceil(rows / 128), ceil(K / 128)] (ops/fp8_linear.py)."""
     rows = x.shape[0]
     k = weight.shape[1]
     n = out.shape[-1]  # output columns: half the weight's rows when gated
@@ -185,12 +208,17 @@ def _launch(
     k_per_split = triton.cdiv(triton.cdiv(k, splits), block_k) * block_k
     assert x.stride(1) == weight.stride(1) == out.stride(-1) == 1 and triton.cdiv(k, k_per_split) == splits
     assert weight.shape[0] == (2 * n if gated else n)
+    if scale is not None:  # K-tiles inside one scale block; gate and up rows in blocks of their own
+        assert scale.dtype == torch.float32 and scale.stride(1) == 1 and SCALE_BLOCK % block_k == 0
+        assert scale.shape == (triton.cdiv(weight.shape[0], SCALE_BLOCK), triton.cdiv(k, SCALE_BLOCK))
+        assert not gated or n % SCALE_BLOCK == 0
     tile_cols = tiles.block_n // 2 if gated else tiles.block_n
     programs = triton.cdiv(n, tile_cols)
     stages = tiles.num_stages or (WIDE_STAGES if wide else _num_stages(programs * splits, x.device))
     _skinny_gemm_kernel[(programs, splits)](
         x,
         weight,
+        scale,
         out,
         rows,
         n,
@@ -198,12 +226,14 @@ def _launch(
         k_per_split,
         x.stride(0),
         weight.stride(0),
+        None if scale is None else scale.stride(0),  # None: the bf16 kernel compiles as before
         out.stride(0) if out.dim() == 3 else 0,
         out.stride(-2),
         BLOCK_M=max(16, triton.next_power_of_2(rows)),
         BLOCK_N=tiles.block_n,
         BLOCK_K=block_k,
         GATED=gated,
+        SCALE_BLOCK=0 if scale is None else SCALE_BLOCK,
         EVEN=n % tile_cols == 0 and k % (splits * block_k) == 0,
         DOT_PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
         PREFETCH_TILES=prefetch_tiles,
@@ -236,9 +266,7 @@ def linear(
     one starts, not as it ends (qkv, before the attention inputs' one-warp programs: see layers/attention.py)."""
     if not _skinny(x, invariant):
         return _dense(x, weight, invariant)
-    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
-    _launch(x, weight, out, splits=1, prefetch_tiles=_prefetch_tiles(weight), dependents_early=dependents_early)
-    return out
+    return skinny_linear(x, weight, dependents_early)
 
 
 def gated_linear(
@@ -252,18 +280,7 @@ def gated_linear(
     mlp_partials."""
     if not _skinny(x, invariant, FUSED_MAX_ROWS):
         return silu_mul(_dense(x, gate_up_weight, invariant))
-    out = torch.empty(x.shape[0], gate_up_weight.shape[0] // 2, dtype=x.dtype, device=x.device)
-    _launch(
-        x,
-        gate_up_weight,
-        out,
-        splits=1,
-        gated=True,
-        prefetch_tiles=_prefetch_tiles(gate_up_weight),
-        dependents_early=dependents_early,
-        tiles=GATED_WIDE_TILES if x.shape[0] > SKINNY_MAX_ROWS else None,
-    )
-    return out
+    return skinny_gated_linear(x, gate_up_weight, dependents_early)
 
 
 def linear_partials(
@@ -282,6 +299,47 @@ def linear_partials(
     slice's first weight tile of each row before its wait."""
     if not _skinny(x, invariant, FUSED_MAX_ROWS):
         return _dense(x, weight, invariant)[None]
+    return skinny_partials(x, weight, splits, launched_early)
+
+
+# The skinny kernel's launches for the rows it takes, for bf16 weights and (with `scale`) block-FP8 ones.
+
+
+def skinny_linear(
+    x: torch.Tensor, weight: torch.Tensor, dependents_early: bool = False, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype, device=x.device)
+    _launch(
+        x, weight, out, splits=1, prefetch_tiles=_prefetch_tiles(weight), dependents_early=dependents_early, scale=scale
+    )
+    return out
+
+
+def skinny_gated_linear(
+    x: torch.Tensor, gate_up_weight: torch.Tensor, dependents_early: bool = False, scale: torch.Tensor | None = None
+) -> torch.Tensor:
+    out = torch.empty(x.shape[0], gate_up_weight.shape[0] // 2, dtype=x.dtype, device=x.device)
+    _launch(
+        x,
+        gate_up_weight,
+        out,
+        splits=1,
+        gated=True,
+        prefetch_tiles=_prefetch_tiles(gate_up_weight),
+        dependents_early=dependents_early,
+        tiles=GATED_WIDE_TILES if x.shape[0] > SKINNY_MAX_ROWS else None,
+        scale=scale,
+    )
+    return out
+
+
+def skinny_partials(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    splits: int | None = None,
+    launched_early: bool = False,
+    scale: torch.Tensor | None = None,
+) -> torch.Tensor:
     n, k = weight.shape
     if splits is None:
         splits = max(1, min(num_sms(x.device) // triton.cdiv(n, BLOCK_N), k // (4 * BLOCK_K)))
@@ -290,7 +348,7 @@ def linear_partials(
     tiles = _prefetch_tiles(weight)
     if splits > 1:  # a slice's first tile, inside the row: every slice starts on a tile of a whole-tile K
         tiles = min(tiles, 1) if launched_early and k % BLOCK_K == 0 else 0
-    _launch(x, weight, out, splits, prefetch_tiles=tiles)
+    _launch(x, weight, out, splits, prefetch_tiles=tiles, scale=scale)
     return out
 
 

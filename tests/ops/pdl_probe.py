@@ -23,6 +23,7 @@ from qwen3_runtime.logprobs import reduce
 from qwen3_runtime.ops import (
     attention_inputs,
     decode_attention,
+    fp8_linear,
     fused_moe,
     greedy,
     gumbel_sample,
@@ -45,6 +46,7 @@ KERNELS = {
     logprob_reduce: ["chunk_stats_kernel", "finish_rows_kernel"],
     moe_routing: ["_route_kernel"],
     fused_moe: ["gate_up_kernel", "down_kernel"],
+    fp8_linear: ["quantize_groups_kernel", "w8a8_kernel"],
 }
 TYPES = {
     torch.bfloat16: "bf16",
@@ -55,6 +57,7 @@ TYPES = {
     torch.int32: "i32",
     torch.int64: "i64",
     torch.bool: "i1",
+    torch.float8_e4m3fn: "fp8e4nv",
 }
 GLOBAL_ACCESS = re.compile(r"\b(?:ld|st|atom|red)\.global|\bcp\.async\S*global")
 launches: list[tuple[triton.JITFunction, tuple, dict]] = []
@@ -69,8 +72,20 @@ class Recorder:
 
 
 def run_ops() -> None:
-    for module in (linear, greedy, norms, attention_inputs, decode_attention, reduce, sampler, moe_routing, fused_moe):
+    for module in (
+        linear,
+        greedy,
+        norms,
+        attention_inputs,
+        decode_attention,
+        reduce,
+        sampler,
+        moe_routing,
+        fused_moe,
+        fp8_linear,
+    ):
         module.use_triton = lambda t: True
+    fp8_linear.fp8_tensor_cores = lambda device: True
     for module, names in KERNELS.items():
         for name in names:
             setattr(module, name, Recorder(getattr(module, name)))
@@ -114,6 +129,11 @@ def run_ops() -> None:
     experts = (x, torch.randn(8, 128, 256, **bf16), torch.randn(8, 256, 64, **bf16), ids, weights)
     fused_moe.fused_moe(*experts)  # the scan path
     fused_moe.fused_moe_with(*experts, *[default_config(4096, 2)] * 2)  # the sorted path
+    (q13, s13), (q2, s2) = (fp8_linear.quantize_blocks(torch.randn(8, *shape)) for shape in ((256, 256), (256, 128)))
+    fused_moe.fused_moe(x, q13, q2, ids, weights, w13_scale=s13, w2_scale=s2)  # FP8 experts
+    q, s = fp8_linear.quantize_blocks(torch.randn(256, 256))
+    fp8_linear.fp8_mlp_partials(x, q, s, *fp8_linear.quantize_blocks(torch.randn(128, 128)))  # FP8 skinny
+    fp8_linear.fp8_linear(torch.randn(200, 256, **bf16), q, s)  # W8A8: the activations' quantizer, the GEMM
     reduce.reduce_logprobs(
         torch.randn(2, 5000),
         torch.tensor([1, 2]),
@@ -137,7 +157,9 @@ def _type(value) -> str:
 
 def compile_for_hopper(kernel: triton.JITFunction, args: tuple, kwargs: dict) -> str:
     values = {**dict(zip(kernel.arg_names, args)), **{k: v for k, v in kwargs.items() if k in kernel.arg_names}}
-    constexprs = {p.name: values[p.name] for p in kernel.params if p.is_constexpr}
+    # None (an unused optional pointer, as for bf16 weights in a kernel that also takes FP8's scales) is a constexpr
+    # at launch too.
+    constexprs = {p.name: values[p.name] for p in kernel.params if p.is_constexpr or values.get(p.name, 0) is None}
     constexprs["USE_PDL"] = True  # launched with launch_pdl on Hopper, so it must wait itself
     if "WAIT_PRIOR" in constexprs:
         constexprs["WAIT_PRIOR"] = True

@@ -8,6 +8,7 @@ import torch
 
 from qwen3_runtime.ops import fused_moe as fused_moe_module
 from qwen3_runtime.ops import moe_config
+from qwen3_runtime.ops.fp8_linear import dequantize_blocks, quantize_blocks
 from qwen3_runtime.ops.fused_moe import fused_moe, fused_moe_reference, fused_moe_with, group_by_expert
 from qwen3_runtime.ops.moe_config import INVARIANT_CONFIG, MoeConfig, default_config, lookup, tuned_config
 
@@ -90,7 +91,7 @@ def test_fused_moe_takes_the_default_configuration_and_the_reference_without_tri
 
 def test_invariant_mode_takes_one_configuration_at_every_token_count(monkeypatch):
     seen = []
-    monkeypatch.setattr(fused_moe_module, "fused_moe_with", lambda *args: seen.append(args[-2:]))
+    monkeypatch.setattr(fused_moe_module, "fused_moe_with", lambda *args, **scales: seen.append(args[-2:]))
     for tokens in (1, 8, 300, 5000):
         case = _case(tokens, 4, 2, 16, 16, torch.float32)
         fused_moe(*case, invariant=True)
@@ -192,3 +193,102 @@ def test_on_the_gpu_a_captured_layer_routes_padded_rows_nowhere():
     assert (out[:, ~valid] == 0).all()
     ref = fused_moe_reference(x[valid], w13, w2, want_ids[valid], want_weights[valid])
     assert (out[:, valid] - ref).abs().max() <= 0.05 * ref.abs().max()
+
+
+# Block-FP8 experts (weight-only): the kernels against the reference on the dequantized weights.
+
+
+def _fp8_case(tokens, num_experts, top_k, hidden, inter, dtype=torch.float32, padded=(), seed=0, tied=False):
+    """_case's routing and inputs, the experts quantized blockwise (unrouted experts: NaN weights and scales). tied:
+    every token routed to the same experts in the same slots with equal weights, so one expert's rows span blocks."""
+    x, w13, w2, ids, weights = _case(tokens, num_experts, top_k, hidden, inter, torch.float32, padded, seed)
+    if tied:
+        real = ids[:, 0] < num_experts
+        ids[real] = ids[real][:1].expand(int(real.sum()), top_k)
+        weights[real] = 1.0 / top_k
+        routed = torch.zeros(num_experts, dtype=torch.bool)
+        routed[ids[ids < num_experts].long()] = True
+        gen = torch.Generator().manual_seed(seed)
+        w13[routed] = torch.randn(int(routed.sum()), 2 * inter, hidden, generator=gen) * hidden**-0.5
+        w2[routed] = torch.randn(int(routed.sum()), hidden, inter, generator=gen) * inter**-0.5
+    (q13, s13), (q2, s2) = quantize_blocks(w13), quantize_blocks(w2)
+    unrouted = w13.flatten(1).isnan().any(1)
+    s13[unrouted], s2[unrouted] = float("nan"), float("nan")
+    return (x.to(dtype), q13, q2, ids, weights), dict(w13_scale=s13, w2_scale=s2)
+
+
+def _check_fp8(out, case, scales, dtype=torch.float32):
+    x, w13, w2, ids, weights = case
+    ref = fused_moe_reference(*case, **scales)
+    unquantized = fused_moe_reference(
+        x, dequantize_blocks(w13, scales["w13_scale"]), dequantize_blocks(w2, scales["w2_scale"]), ids, weights
+    )
+    torch.testing.assert_close(ref, unquantized, rtol=0, atol=0, equal_nan=True)
+    assert out.shape == (ids.shape[1], x.shape[0], x.shape[1]) and out.dtype == torch.float32
+    assert not out.isnan().any() and (out.transpose(0, 1)[ids == w13.shape[0]] == 0).all()
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=0.05, atol=0.05)
+    torch.testing.assert_close(out, ref, **tol)
+
+
+@pytest.mark.parametrize("config", [SCAN, SORTED], ids=["scan", "sorted"])
+@pytest.mark.parametrize(
+    "tokens,num_experts,top_k,hidden,inter,padded,tied",
+    [
+        (3, 8, 2, 64, 128, (0,), False),  # fewer pairs than experts
+        (20, 4, 4, 200, 128, (5, 19), False),  # k = E; ragged hidden: partial scale blocks in both kernels
+        (5, 1, 1, 130, 256, (), False),  # one expert, two blocks of I, hidden one past a block
+        (18, 8, 2, 64, 128, (3,), True),  # ties: one expert's 17 rows over two 16-row blocks, equal weights
+        (3, 128, 8, 32, 128, (1,), False),  # Qwen3-30B-A3B's routing at a few tokens
+    ],
+)
+def test_fp8_experts_match_the_reference(poisoned, config, tokens, num_experts, top_k, hidden, inter, padded, tied):
+    case, scales = _fp8_case(tokens, num_experts, top_k, hidden, inter, padded=padded, seed=tokens, tied=tied)
+    _check_fp8(fused_moe_with(*case, config, config, **scales), case, scales)
+
+
+def test_fp8_experts_with_bf16_activations_and_the_default_configurations(poisoned):
+    case, scales = _fp8_case(9, 16, 4, 64, 128, torch.bfloat16, padded=(3,))
+    _check_fp8(fused_moe_with(*case, SCAN, SORTED, **scales), case, scales, torch.bfloat16)
+    case, scales = _fp8_case(6, 8, 2, 160, 128, padded=(2,))
+    _check_fp8(fused_moe(*case, **scales), case, scales)  # default: scan, 128-wide K-tiles
+    _check_fp8(fused_moe(*case, invariant=True, **scales), case, scales)  # sorted, 64-wide K-tiles
+
+
+def test_fp8_every_pair_padded_and_the_reference_without_triton(poisoned, monkeypatch):
+    case, scales = _fp8_case(4, 8, 2, 32, 128, padded=range(4))
+    for config in (SCAN, SORTED):
+        assert torch.equal(fused_moe_with(*case, config, config, **scales), torch.zeros(2, 4, 32))
+    case, scales = _fp8_case(6, 8, 2, 64, 128, padded=(1,))
+    monkeypatch.setattr(fused_moe_module, "use_triton", lambda t: False)
+    _check_fp8(fused_moe(*case, **scales), case, scales)
+
+
+def test_fp8_experts_need_whole_scale_blocks_of_the_intermediate_size_and_k_tiles_inside_a_block():
+    case, scales = _fp8_case(2, 4, 2, 64, 128)
+    with pytest.raises(AssertionError):
+        fused_moe_with(*case, SCAN, SCAN._replace(block_k=256), **scales)
+    w13, w2 = quantize_blocks(torch.randn(4, 192, 64)), quantize_blocks(torch.randn(4, 64, 96))
+    x, _, _, ids, weights = case
+    with pytest.raises(AssertionError):
+        fused_moe_with(x, w13[0], w2[0], ids, weights, SCAN, SCAN, w13_scale=w13[1], w2_scale=w2[1])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("tokens", [1, 8, 64, 1024])
+def test_fp8_experts_of_qwen3_30b_a3b_on_the_gpu(tokens):
+    """E 128, H 2048, I 768, k 8, bf16 activations: within bf16 rounding of the dequantized reference, through the
+    default configuration (scan at decode sizes, sorted above) and the invariant one."""
+    dev, num_experts, top_k, hidden, inter = "cuda", 128, 8, 2048, 768
+    gen = torch.Generator().manual_seed(tokens)
+    w13, s13 = quantize_blocks((torch.randn(num_experts, 2 * inter, hidden, generator=gen) * hidden**-0.5).to(dev))
+    w2, s2 = quantize_blocks((torch.randn(num_experts, hidden, inter, generator=gen) * inter**-0.5).to(dev))
+    x = torch.randn(tokens, hidden, generator=gen).to(dev, torch.bfloat16)
+    ids = torch.stack([torch.randperm(num_experts, generator=gen)[:top_k] for _ in range(tokens)]).int().to(dev)
+    weights = torch.rand(tokens, top_k, generator=gen).to(dev)
+    ids[0], weights[0] = num_experts, 0.0  # a padded row
+    ref = fused_moe_reference(x, w13, w2, ids, weights, s13, s2)
+    for invariant in (False, True):
+        out = fused_moe(x, w13, w2, ids, weights, invariant=invariant, w13_scale=s13, w2_scale=s2)
+        assert not out.isnan().any() and (out[:, 0] == 0).all()
+        assert (out - ref).abs().max() <= 0.05 * ref.abs().max(), invariant

@@ -47,6 +47,8 @@ EXPECTED = {
     "_route_kernel",
     "gate_up_kernel",
     "down_kernel",
+    "quantize_groups_kernel",
+    "w8a8_kernel",
 }
 
 
