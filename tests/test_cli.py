@@ -160,7 +160,7 @@ def test_prints_model_line_prompt_and_output_logprobs(capsys):
     assert rc == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("model: random weights (seed 0), ") and "(2 layers, hidden 64, " in lines[0]
-    assert "vocab 151936); float32 on cpu with " in lines[0]
+    assert "vocab 151936), weights 37.47 MiB in float32; float32 on cpu with " in lines[0]
     assert lines[0].endswith(
         "max_model_len 256 (the model's context), max_num_seqs 8; KV cache 2048 tokens; CUDA graphs: none"
     )
