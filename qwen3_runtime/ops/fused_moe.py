@@ -15,6 +15,7 @@ import torch.nn.functional as F
 import triton
 
 from qwen3_runtime.ops import pdl_launch, use_triton
+from qwen3_runtime.ops.fp8_linear import dequantize_blocks
 from qwen3_runtime.ops.fused_moe_kernels import down_kernel, gate_up_kernel
 from qwen3_runtime.ops.moe_config import MoeConfig, lookup
 
@@ -29,12 +30,21 @@ def fused_moe(
     expert_ids: torch.Tensor,
     weights: torch.Tensor,
     invariant: bool = False,
+    *,
+    w13_scale: torch.Tensor | None = None,
+    w2_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [T, H]; w13 [E, 2I, H] (gate rows, then up rows); w2 [E, H, I]; expert_ids [T, k] int32 and weights
     [T, k] fp32 (moe_routing.route). Returns [k, T, H] fp32 partial sums, slot s of token t being its s-th expert's
     weighted output, for the next norm to add (ops/norms.py); a pair routed to expert E (a padded row) is 0.
     invariant (engine.batch_invariant): one path and tile shape at every T, so a token's bits do not depend on the
-    call's other tokens."""
+    call's other tokens. w13_scale [E, 2I / 128, ceil(H / 128)] and w2_scale [E, ceil(H / 128), ceil(I / 128)]:
+    the experts are block-FP8 (e4m3), dequantized here to x's dtype (a reference until the FP8 expert kernels)."""
+    if w13_scale is not None:
+        w13, w2 = (
+            torch.stack([dequantize_blocks(w, s) for w, s in zip(stack, scales)]).to(x.dtype)
+            for stack, scales in ((w13, w13_scale), (w2, w2_scale))
+        )
     if not use_triton(x):
         return fused_moe_reference(x, w13, w2, expert_ids, weights)
     tokens, top_k = expert_ids.shape
