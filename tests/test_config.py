@@ -49,6 +49,7 @@ def test_overrides_from_python_and_cli_text():
         ({"generate.prompts": [[1, "x"]]}, ["generate.prompts[0][1]", "'x'"]),
         ({"model.architecture": None}, ["model.path", "model.architecture"]),
         ({"engine.device": "tpu"}, ["engine.device", "tpu"]),
+        ({"model.quantization": "int8"}, ["model.quantization='int8' is invalid: allowed values are fp8"]),
         ({"model.architecture.hidden_size": 2**63}, ["model.architecture.hidden_size", "[1, 2147483647]"]),
         ({"engine.num_kv_blocks": 2**31}, ["engine.num_kv_blocks=2147483648", "[1, 2147483647]"]),
         ({"model.seed": 2**64}, ["model.seed", "[0, 9223372036854775807]"]),
