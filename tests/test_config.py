@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -135,3 +137,10 @@ def test_bundled_configs_found_in_an_installed_layout(tmp_path, monkeypatch):
     assert installed._bundled_dir() == package / "configs"
     assert "tiny" in installed.bundled_configs()
     assert installed.load_config("tiny").model.architecture.vocab_size == 151936
+
+
+@pytest.mark.parametrize("name", ["qwen3-4b", "qwen3-30b-a3b"])
+def test_fp8_configs_are_their_shape_in_fp8(name):
+    fp8, base = load_config(f"{name}-fp8"), load_config(name)
+    assert fp8.model.quantization == "fp8" and base.model.quantization is None
+    assert replace(fp8, model=replace(fp8.model, quantization=None)) == base
