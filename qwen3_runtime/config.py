@@ -38,6 +38,10 @@ class ModelConfig:
     # repetition_penalty, max_new_tokens as max_tokens) are the defaults of requests that leave them unset, as in
     # vLLM; neutral: SamplingParams' own defaults (OpenAI's: temperature 1, no filter).
     generation_config: Literal["auto", "neutral"] = "auto"
+    # fp8: the projections in block FP8 (e4m3, one scale per 128 x 128 block): random weights and a 16-bit
+    # checkpoint's are quantized as they load, an FP8 checkpoint's loaded as stored. None: a checkpoint's own format
+    # (config.json's quantization_config), 16-bit for random weights (quantization.py).
+    quantization: Literal["fp8"] | None = None
 
     def __post_init__(self) -> None:
         if self.path is None and self.architecture is None:

@@ -110,9 +110,9 @@ def allocations_sized_by_config(device: torch.device) -> Iterator[None]:
         ) from e
 
 
-def check_weights_fit(num_bytes: int, device: torch.device, dtype: torch.dtype) -> None:
+def check_weights_fit(num_bytes: int, device: torch.device, dtype: torch.dtype, fp8: bool = False) -> None:
     """A clear error instead of an out-of-memory kill when the weights alone exceed free memory: what they need, what
-    is available, what would fit and what can be done today."""
+    is available, what would fit and what can be done today. fp8: the projections are FP8 already."""
     free = available_memory(device)
     if free is None or num_bytes <= free:
         return
@@ -120,14 +120,17 @@ def check_weights_fit(num_bytes: int, device: torch.device, dtype: torch.dtype) 
     ours = f" ({held / _GIB:.1f} GiB more hold this process's tensors: close() a Runtime no longer used)"
     name = str(dtype).removeprefix("torch.")
     remedies = ["a smaller model"]
-    if dtype.itemsize > 2:
+    if dtype.itemsize > 2 and not fp8:
         remedies.append(f"a 16-bit model.dtype ({num_bytes / dtype.itemsize * 2 / _GIB:.1f} GiB)")
+    if not fp8:
+        remedies.append(f"FP8 weights (model.quantization: fp8, about {num_bytes / dtype.itemsize / _GIB:.1f} GiB)")
     remedies.append("a GPU" if device.type == "cpu" else "a GPU with more memory")
+    kind = f"FP8 and {name}" if fp8 else name
     raise ConfigError(
-        f"the model's weights need {num_bytes / _GIB:.1f} GiB in {name} (model.dtype) but {device} has "
+        f"the model's weights need {num_bytes / _GIB:.1f} GiB in {kind} (model.dtype) but {device} has "
         f"{free / _GIB:.1f} GiB available{ours if held else ''}, which holds about {free / dtype.itemsize / 1e9:.1f}B "
-        f"parameters in {name}: use {', '.join(remedies[:-1])} or {remedies[-1]} (FP8 weights and splitting a model "
-        "over several GPUs are not supported yet)"
+        f"parameters in {name}: use {', '.join(remedies[:-1])} or {remedies[-1]} (splitting a model over several "
+        "GPUs is not supported yet)"
     )
 
 

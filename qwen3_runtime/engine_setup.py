@@ -20,7 +20,7 @@ from qwen3_runtime.device import (
 from qwen3_runtime.kv_cache import allocate_kv_cache
 from qwen3_runtime.loader import load_model
 from qwen3_runtime.memory_profile import worst_step_bytes
-from qwen3_runtime.models.hf_config import model_architecture
+from qwen3_runtime.models.hf_config import model_architecture, model_weight_format
 from qwen3_runtime.models.qwen3 import Qwen3ForCausalLM
 from qwen3_runtime.runner import ModelRunner
 
@@ -49,6 +49,12 @@ def build_engine(config: Config) -> Engine:
     dtype = resolve_dtype(config.model.dtype, device)
     set_cpu_threads(engine.cpu_threads)  # before the weights load or initialize on the CPU
     arch = model_architecture(config.model)
+    weights = model_weight_format(config.model)
+    if engine.batch_invariant and weights.quantization:
+        raise ConfigError(
+            f"engine.batch_invariant=true is not supported with FP8 weights ({weights.declared_by}): the "
+            "batch-invariant kernels multiply 16-bit weights"
+        )
     context = resolve_context(engine, arch)
     model = load_model(config.model, device, dtype)
     return _allocate(config, arch, context, model, device, dtype)

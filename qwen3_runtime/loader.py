@@ -11,8 +11,9 @@ from qwen3_runtime.config import ArchitectureConfig, ModelConfig
 from qwen3_runtime.device import check_weights_fit
 from qwen3_runtime.input_errors import CheckpointError
 from qwen3_runtime.layers.build import LayerBuild
+from qwen3_runtime.layers.fp8 import FP8, SCALE, quantize_random
 from qwen3_runtime.layers.loading import Route, WeightError, routes
-from qwen3_runtime.models.hf_config import model_architecture, read_json
+from qwen3_runtime.models.hf_config import model_architecture, model_weight_format, read_json
 from qwen3_runtime.models.qwen3 import Qwen3ForCausalLM
 from qwen3_runtime.models.registry import family_of
 
@@ -20,8 +21,8 @@ from qwen3_runtime.models.registry import family_of
 def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qwen3ForCausalLM:
     """Allocate the model once on `device` (no init pass) and fill it tensor by tensor."""
     arch = model_architecture(cfg)
-    model_cls, build = family_of(arch).model_cls(), LayerBuild(dtype)
-    check_weights_fit(_weight_bytes(model_cls, arch, build), device, dtype)
+    model_cls, build = family_of(arch).model_cls(), LayerBuild(dtype, model_weight_format(cfg))
+    check_weights_fit(_weight_bytes(model_cls, arch, build), device, dtype, fp8=build.weights.quantization == "fp8")
     with torch.device("meta"):
         model = model_cls(arch, build)
     model = model.to_empty(device=device)
@@ -34,9 +35,10 @@ def load_model(cfg: ModelConfig, device: torch.device, dtype: torch.dtype) -> Qw
 
 
 def _weight_bytes(model_cls: type[Qwen3ForCausalLM], arch: ArchitectureConfig, build: LayerBuild) -> int:
-    """The model's weight bytes (tied embeddings once), from a copy with one layer of each kind (a MoE model's sparse
-    and dense layers differ) on the meta device: counted before any layer is built, so a shape far too large is
-    refused at once."""
+    """The model's weight bytes (tied embeddings once, FP8 scales included), from a copy with one layer of each kind (a
+    MoE model's sparse and dense layers differ) on the meta device: counted before any layer is built, so a shape far
+    too large is refused at once. Each layer counts as its kind's first (exact unless modules_to_not_convert keeps
+    some layers' projections in 16 bits and not others')."""
     sample, counts = arch.layer_samples()
     with torch.device("meta"):
         model = model_cls(sample, build)
@@ -95,12 +97,15 @@ def _load_file(file: Path, expected: dict[str, Route], device: torch.device) -> 
 
 
 def _init_random(model: Qwen3ForCausalLM, seed: int) -> None:
-    """N(0, 0.02) weights and unit norms, like a fresh Hugging Face model."""
+    """N(0, 0.02) weights and unit norms, like a fresh Hugging Face model; FP8 weights drawn so, then quantized."""
     gen = torch.Generator(device=next(model.parameters()).device).manual_seed(seed)
     if model.config.tie_word_embeddings:
         model.tie_lm_head()
     for name, p in model.named_parameters():
+        owner, _, suffix = name.rpartition(".")
         if name.endswith("norm.weight"):
             p.data.fill_(1.0)
-        else:
+        elif p.dtype == FP8:
+            quantize_random(model.get_submodule(owner), suffix, gen, 0.02)
+        elif not name.endswith(SCALE):  # a scale is set with its weight
             p.data.normal_(0.0, 0.02, generator=gen)

@@ -19,6 +19,8 @@ class EngineSummary:
     num_heads: int
     num_kv_heads: int
     vocab_size: int
+    weight_bytes: int  # every parameter once (a tied lm_head is the embeddings), FP8 scales included
+    fp8: bool  # the projections are block FP8 (the rest in dtype)
     dtype: str
     device: str
     cpu_threads: int  # torch's threads for the CPU work
@@ -45,14 +47,17 @@ class EngineSummary:
         else:
             origin = "the model's context"
         graphs = rt.runner.graphs.graphs, rt.runner.prefill_graphs.graphs
+        params = list(rt.model.parameters())
         return cls(
             weights=f"checkpoint {path}" if path else f"random weights (seed {rt.config.model.seed})",
-            num_parameters=sum(p.numel() for p in rt.model.parameters()),
+            num_parameters=sum(p.numel() for p in params),
             num_layers=arch.num_hidden_layers,
             hidden_size=arch.hidden_size,
             num_heads=arch.num_attention_heads,
             num_kv_heads=arch.num_key_value_heads,
             vocab_size=arch.vocab_size,
+            weight_bytes=sum(p.nbytes for p in params),
+            fp8=any(p.dtype == torch.float8_e4m3fn for p in params),
             dtype=str(rt.dtype).removeprefix("torch."),
             device=str(rt.device),
             cpu_threads=torch.get_num_threads(),
@@ -73,10 +78,13 @@ class EngineSummary:
         return (
             f"model: {self.weights}, {_count(self.num_parameters)} parameters ({self.num_layers} layers"
             f"{self._experts()}, hidden {self.hidden_size}, {self.num_heads}/{self.num_kv_heads} heads, vocab "
-            f"{self.vocab_size}); "
+            f"{self.vocab_size}), weights {_bytes(self.weight_bytes)} in {self._format()}; "
             f"{self.dtype} on {self.device}{threads}; max_model_len {self.max_model_len} ({self.max_model_len_from}), "
             f"max_num_seqs {self.max_num_seqs}; KV cache {self.kv_cache_tokens} tokens; CUDA graphs: {self._graphs()}"
         )
+
+    def _format(self) -> str:
+        return f"FP8 (128x128 blocks) and {self.dtype}" if self.fp8 else self.dtype
 
     def _experts(self) -> str:
         if self.experts is None:
@@ -101,6 +109,13 @@ def _sizes(buckets: tuple[int, ...], unit: str) -> str:
     if len(buckets) <= 4:
         return f"{', '.join(map(str, buckets))} {unit}"
     return f"{buckets[0]}-{buckets[-1]} {unit} ({len(buckets)} buckets)"
+
+
+def _bytes(n: int) -> str:
+    for scale, unit in ((2**30, "GiB"), (2**20, "MiB")):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n / 2**10:.2f} KiB"
 
 
 def _count(n: int) -> str:

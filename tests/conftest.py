@@ -34,6 +34,7 @@ def _write_checkpoint(
     num_attention_heads: int = 4,
     head_dim: int = 24,
     hidden_size: int = 64,
+    intermediate_size: int | None = None,
     num_hidden_layers: int = 2,
     vocab_size: int = 512,
     seed: int = 0,
@@ -57,7 +58,7 @@ def _write_checkpoint(
     config = config_cls(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
-        intermediate_size=2 * hidden_size + 8,
+        intermediate_size=intermediate_size or 2 * hidden_size + 8,
         num_hidden_layers=num_hidden_layers,
         num_attention_heads=num_attention_heads,
         num_key_value_heads=num_key_value_heads,
@@ -109,6 +110,37 @@ TINY_MOE = dict(
 @pytest.fixture(scope="session")
 def tiny_moe_checkpoint(make_checkpoint) -> Path:
     return make_checkpoint(**TINY_MOE)
+
+
+@pytest.fixture(scope="session")
+def make_fp8_checkpoint(make_checkpoint, tmp_path_factory) -> Callable[..., tuple[Path, Path]]:
+    """make_fp8_checkpoint(shape, scale_dtype, keep=(), dtype=torch.float32) -> (an FP8 checkpoint with its scales in
+    scale_dtype and modules_to_not_convert `keep`, its dequantized twin), from a fresh checkpoint of `shape` in `dtype`
+    (tests/fp8_checkpoints.py)."""
+    from tests.fp8_checkpoints import write_fp8
+
+    def make(shape: dict, scale_dtype: torch.dtype = torch.bfloat16, keep=(), dtype=torch.float32):
+        root = tmp_path_factory.mktemp("fp8")
+        write_fp8(make_checkpoint(dtype=dtype, **shape), root / "fp8", root / "twin", scale_dtype, list(keep))
+        return root / "fp8", root / "twin"
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def fp8_checkpoint(make_fp8_checkpoint) -> tuple[Path, Path]:
+    """A tiny dense FP8 checkpoint (scales in bf16) and its dequantized twin."""
+    from tests.fp8_checkpoints import FP8_DENSE
+
+    return make_fp8_checkpoint(FP8_DENSE)
+
+
+@pytest.fixture(scope="session")
+def fp8_moe_checkpoint(make_fp8_checkpoint) -> tuple[Path, Path]:
+    """A tiny Qwen3-MoE FP8 checkpoint (scales in bf16; a sparse, a dense and a sparse layer) and its twin."""
+    from tests.fp8_checkpoints import FP8_MOE
+
+    return make_fp8_checkpoint(FP8_MOE)
 
 
 @pytest.fixture(params=["tiny_checkpoint", "tiny_moe_checkpoint"], ids=["dense", "moe"])

@@ -134,6 +134,44 @@ def test_moe_checkpoint_errors_are_one_line_and_exit_2(edit, words, capsys, tmp_
         assert word in err, (word, err)
 
 
+@pytest.mark.parametrize(
+    "edit, words",
+    [
+        ({"quant_method": "awq"}, ["config.json: quantization_config.quant_method='awq' is invalid"]),
+        ({"weight_block_size": [64, 64]}, ["quantization_config.weight_block_size=[64, 64] is not supported"]),
+        (
+            "bf16_weight",
+            [
+                "tensor 'model.layers.0.self_attn.o_proj.weight' in model.safetensors has dtype torch.bfloat16, "
+                "expected torch.float8_e4m3fn"
+            ],
+        ),
+        ("no_quantization_config", ["in model.safetensors has dtype torch.float8_e4m3fn, expected a 16- or 32-bit"]),
+        ("batch_invariant", ["engine.batch_invariant=true is not supported with FP8 weights (quantization_config"]),
+    ],
+    ids=["quant-method", "block-size", "bf16-weight", "no-quantization-config", "batch-invariant"],
+)
+def test_fp8_checkpoint_errors_are_one_line_and_exit_2(edit, words, capsys, tmp_path, fp8_checkpoint, monkeypatch):
+    from tests.fp8_checkpoints import edit_config, edit_tensors, quantization_config
+
+    path = shutil.copytree(fp8_checkpoint[0], tmp_path / "fp8")
+    args = ["--set", f"model.path={path}", "--set", "model.tokenizer=builtin"]
+    name = "model.layers.0.self_attn.o_proj.weight"
+    if edit == "bf16_weight":
+        edit_tensors(path, lambda t: t.update({name: t[name].float().bfloat16()}))
+    elif edit == "no_quantization_config":
+        edit_config(path, quantization_config=None)
+    elif edit == "batch_invariant":
+        monkeypatch.setattr(ops, "TRITON_INTERPRET", True)  # the mode's own check passes on the CPU
+        args += ["--set", "engine.batch_invariant=true"]
+    else:
+        edit_config(path, quantization_config=quantization_config([]) | edit)
+    rc, out, err = _run(capsys, *args)
+    assert rc == 2 and err.startswith("error: ") and "Traceback" not in err and err.count("\n") == 1, err
+    for word in words:
+        assert word in err, (word, err)
+
+
 def test_tiny_moe_generates_text(capsys):
     rc, out, err = _run(
         capsys, "--config", "tiny-moe", "--prompt", "What is 2+2?", "--set", "generate.sampling.max_tokens=3"
@@ -160,7 +198,7 @@ def test_prints_model_line_prompt_and_output_logprobs(capsys):
     assert rc == 0, err
     lines = out.splitlines()
     assert lines[0].startswith("model: random weights (seed 0), ") and "(2 layers, hidden 64, " in lines[0]
-    assert "vocab 151936); float32 on cpu with " in lines[0]
+    assert "vocab 151936), weights 37.47 MiB in float32; float32 on cpu with " in lines[0]
     assert lines[0].endswith(
         "max_model_len 256 (the model's context), max_num_seqs 8; KV cache 2048 tokens; CUDA graphs: none"
     )

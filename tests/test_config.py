@@ -1,3 +1,5 @@
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -49,6 +51,7 @@ def test_overrides_from_python_and_cli_text():
         ({"generate.prompts": [[1, "x"]]}, ["generate.prompts[0][1]", "'x'"]),
         ({"model.architecture": None}, ["model.path", "model.architecture"]),
         ({"engine.device": "tpu"}, ["engine.device", "tpu"]),
+        ({"model.quantization": "int8"}, ["model.quantization='int8' is invalid: allowed values are fp8"]),
         ({"model.architecture.hidden_size": 2**63}, ["model.architecture.hidden_size", "[1, 2147483647]"]),
         ({"engine.num_kv_blocks": 2**31}, ["engine.num_kv_blocks=2147483648", "[1, 2147483647]"]),
         ({"model.seed": 2**64}, ["model.seed", "[0, 9223372036854775807]"]),
@@ -134,3 +137,10 @@ def test_bundled_configs_found_in_an_installed_layout(tmp_path, monkeypatch):
     assert installed._bundled_dir() == package / "configs"
     assert "tiny" in installed.bundled_configs()
     assert installed.load_config("tiny").model.architecture.vocab_size == 151936
+
+
+@pytest.mark.parametrize("name", ["qwen3-4b", "qwen3-30b-a3b"])
+def test_fp8_configs_are_their_shape_in_fp8(name):
+    fp8, base = load_config(f"{name}-fp8"), load_config(name)
+    assert fp8.model.quantization == "fp8" and base.model.quantization is None
+    assert replace(fp8, model=replace(fp8.model, quantization=None)) == base

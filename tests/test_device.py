@@ -117,8 +117,8 @@ def test_qwen3_235b_in_bf16_on_one_gpu_is_refused_naming_what_it_needs_and_what_
         load_model(ModelConfig(architecture=arch), torch.device("cuda"), torch.bfloat16)
     assert str(err.value) == (
         "the model's weights need 437.9 GiB in bfloat16 (model.dtype) but cuda has 139.0 GiB available, which holds "
-        "about 74.6B parameters in bfloat16: use a smaller model or a GPU with more memory (FP8 weights and splitting "
-        "a model over several GPUs are not supported yet)"
+        "about 74.6B parameters in bfloat16: use a smaller model, FP8 weights (model.quantization: fp8, about 218.9 "
+        "GiB) or a GPU with more memory (splitting a model over several GPUs is not supported yet)"
     )
 
 

@@ -10,6 +10,7 @@ from qwen3_runtime.layers.build import LayerBuild
 from qwen3_runtime.loader import CheckpointError, _weight_bytes, load_model
 from qwen3_runtime.models.qwen3_config import Qwen3Config
 from qwen3_runtime.models.qwen3_moe_config import Qwen3MoeConfig
+from qwen3_runtime.quantization import WeightFormat
 
 
 def _load(path):
@@ -182,6 +183,18 @@ def test_moe_parameters_are_pinned_and_their_bytes_counted_before_building():
         model = load_model(ModelConfig(architecture=shape), torch.device("cpu"), torch.float32)
         held = sum(p.nbytes for p in model.parameters())  # a tied lm_head once
         assert _weight_bytes(type(model), shape, LayerBuild(torch.float32)) == held
+
+
+def test_fp8_weights_and_their_scales_are_counted_before_building():
+    """model.quantization: fp8 on random weights: every projection e4m3 with its fp32 scales, the bytes counted from
+    one layer of each kind the built model's."""
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=8, norm_topk_prob=True)
+    arch = Qwen3MoeConfig(**vars(_small()) | {"num_hidden_layers": 3}, **moe, mlp_only_layers=[1])
+    model = load_model(ModelConfig(architecture=arch, quantization="fp8"), torch.device("cpu"), torch.float32)
+    fp8 = [name for name, p in model.named_parameters() if p.dtype == torch.float8_e4m3fn]
+    assert len(fp8) == 3 * 4 and all(name.endswith(("proj.weight", "w13_weight", "w2_weight")) for name in fp8)
+    held = sum(p.nbytes for p in model.parameters())
+    assert _weight_bytes(type(model), arch, LayerBuild(torch.float32, WeightFormat("fp8"))) == held
 
 
 def test_untied_checkpoint_without_lm_head_is_an_error(make_checkpoint):

@@ -30,7 +30,7 @@ def test_a_kv_cache_holding_less_than_the_context_caps_max_model_len(make_runtim
     rt = make_runtime(tiny_checkpoint)
     per_block = kv_bytes_per_block(rt.model.config, 16, rt.dtype)
     rt.close()
-    monkeypatch.setattr(loader, "check_weights_fit", lambda *_: None)  # so little memory holds no weights either
+    monkeypatch.setattr(loader, "check_weights_fit", lambda *_, **__: None)  # so little memory holds no weights either
     monkeypatch.setattr(dev, "host_available_memory", lambda: int(20.5 * per_block / 0.9))
     rt = make_runtime(tiny_checkpoint)
     assert rt.config.engine.max_model_len == rt.limits.max_model_len == 320

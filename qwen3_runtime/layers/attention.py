@@ -10,13 +10,15 @@ import torch
 from torch import nn
 
 from qwen3_runtime.layers.build import LayerBuild
-from qwen3_runtime.layers.linear import UnquantizedWeight
+from qwen3_runtime.layers.formats import projection
 from qwen3_runtime.layers.loading import Route, part_routes, routes
 from qwen3_runtime.layers.norm import RMSNorm
 from qwen3_runtime.layers.rotary import Rotary
 from qwen3_runtime.ops.attention_inputs import attention_inputs
 from qwen3_runtime.ops.decode_attention import paged_decode_attention
 from qwen3_runtime.ops.prefill_attention import PrefillPlan, attend_prefill
+
+QKV = ("q_proj", "k_proj", "v_proj")  # the checkpoint's projections that qkv_proj fuses, in its order
 
 
 @dataclass
@@ -56,14 +58,14 @@ class Attention(nn.Module):
         self.num_heads, self.num_kv_heads, self.head_dim = num_heads, num_kv_heads, head_dim
         self.scale = self.head_dim**-0.5
         q_size, kv_size = self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
-        self.qkv_proj = UnquantizedWeight(hidden_size, (q_size, kv_size, kv_size), build)
-        self.o_proj = UnquantizedWeight(q_size, (hidden_size,), build)
+        self.qkv_proj = projection(build, hidden_size, dict(zip(QKV, (q_size, kv_size, kv_size))))
+        self.o_proj = projection(build, q_size, {"o_proj": hidden_size})
         self.q_norm = RMSNorm(self.head_dim, eps, build)
         self.k_norm = RMSNorm(self.head_dim, eps, build)
 
     def checkpoint_routes(self) -> Iterator[tuple[str, Route]]:
         """The checkpoint's separate q, k and v projections are the three parts of qkv_proj."""
-        for part, name in enumerate(("q_proj", "k_proj", "v_proj")):
+        for part, name in enumerate(QKV):
             yield from part_routes(self.qkv_proj, name, part)
         for name in ("o_proj", "q_norm", "k_norm"):
             yield from routes(getattr(self, name), f"{name}.")

@@ -4,7 +4,6 @@ methods, never a kernel on a tensor, and another format (FP8's blocks and scales
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -13,7 +12,7 @@ from torch import nn
 from qwen3_runtime.layers.build import LayerBuild, parameter
 from qwen3_runtime.layers.loading import Route, copy_checked
 from qwen3_runtime.ops.invariant_linear import invariant_linear
-from qwen3_runtime.ops.linear import linear, linear_partials, mlp_partials
+from qwen3_runtime.ops.linear import gated_linear, linear, linear_partials, mlp_partials
 from qwen3_runtime.ops.linear_preload import preload_applies, preloaded_partials
 
 
@@ -38,7 +37,7 @@ class LinearWeight(nn.Module):
     """One projection, or several fused along the output: `out_parts` are their output sizes, in the order of
     the checkpoint's tensors (q, k, v; gate, up)."""
 
-    suffixes: ClassVar[tuple[str, ...]] = ("weight",)  # its tensors per checkpoint projection
+    suffixes: tuple[str, ...] = ("weight",)  # its tensors per checkpoint projection
 
     def __init__(self, in_features: int, out_parts: tuple[int, ...]) -> None:
         super().__init__()
@@ -71,9 +70,14 @@ class LinearWeight(nn.Module):
         """Whether `partials(preloaded=True)` applies to `rows` rows: its weight tiles loaded before x is ready."""
         raise NotImplementedError
 
-    def gated_partials(self, down: LinearWeight, x: torch.Tensor, *, invariant: bool = False) -> torch.Tensor:
-        """down(silu(gate(x)) * up(x)) as partial sums, this weight being gate and up fused."""
+    def gated(self, x: torch.Tensor, *, invariant: bool = False) -> torch.Tensor:
+        """silu(gate(x)) * up(x) [T, I] in x's dtype, this weight being gate and up fused."""
         raise NotImplementedError
+
+    def gated_partials(self, down: LinearWeight, x: torch.Tensor, *, invariant: bool = False) -> torch.Tensor:
+        """down(silu(gate(x)) * up(x)) as partial sums, this weight being gate and up fused: the two products in turn,
+        where a format has no fused call for this pair (down in another format: modules_to_not_convert)."""
+        return down.partials(self.gated(x, invariant=invariant), invariant=invariant)
 
 
 class UnquantizedWeight(LinearWeight):
@@ -94,6 +98,11 @@ class UnquantizedWeight(LinearWeight):
     def preloads(self, rows: int) -> bool:
         return preload_applies(rows, self.weight)
 
+    def gated(self, x: torch.Tensor, *, invariant: bool = False) -> torch.Tensor:
+        return gated_linear(x, self.weight, invariant=invariant)
+
     def gated_partials(self, down: LinearWeight, x: torch.Tensor, *, invariant: bool = False) -> torch.Tensor:
         """One call for both, so down's kernel can launch as gate/up's starts (ops/linear.py's mlp_partials)."""
+        if not isinstance(down, UnquantizedWeight):
+            return super().gated_partials(down, x, invariant=invariant)
         return mlp_partials(x, self.weight, down.weight, invariant)

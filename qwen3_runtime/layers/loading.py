@@ -54,10 +54,22 @@ def part_routes(weight: nn.Module, hf_name: str, part: int) -> Iterator[tuple[st
 
 
 def copy_checked(dest: torch.Tensor, tensor: torch.Tensor) -> None:
+    """A 16- or 32-bit float tensor into `dest`, cast to its dtype."""
+    check_shape(dest, tensor)
+    check_float(tensor)
+    dest.copy_(tensor)
+
+
+def check_shape(dest: torch.Tensor, tensor: torch.Tensor) -> None:
     if tuple(tensor.shape) != tuple(dest.shape):
         raise WeightError(f"has shape {tuple(tensor.shape)}, expected {tuple(dest.shape)}")
-    if not tensor.is_floating_point() or tensor.dtype.itemsize < 2:  # copy_ would cast it without a word
+
+
+def check_float(tensor: torch.Tensor) -> None:
+    """Refuse what copy_ would cast without a word: an integer, or an 8-bit float, which only an FP8 projection reads
+    (with its scales: layers/fp8.py)."""
+    if not tensor.is_floating_point() or tensor.dtype.itemsize < 2:
         raise WeightError(
-            f"has dtype {tensor.dtype}, expected a 16- or 32-bit float (quantized checkpoints are not supported)"
+            f"has dtype {tensor.dtype}, expected a 16- or 32-bit float (8-bit weights load only where config.json's "
+            "quantization_config declares FP8 projections, outside its modules_to_not_convert)"
         )
-    dest.copy_(tensor)

@@ -11,8 +11,10 @@ from torch import nn
 
 from qwen3_runtime.layers.attention import AttentionMetadata
 from qwen3_runtime.layers.build import LayerBuild
-from qwen3_runtime.layers.linear import UnquantizedWeight
+from qwen3_runtime.layers.formats import projection
 from qwen3_runtime.layers.loading import Route, part_routes, routes
+
+GATE_UP = ("gate_proj", "up_proj")  # the checkpoint's projections that gate_up_proj fuses, in its order
 
 
 class DenseMLP(nn.Module):
@@ -20,13 +22,13 @@ class DenseMLP(nn.Module):
 
     def __init__(self, hidden_size: int, intermediate_size: int, build: LayerBuild) -> None:
         super().__init__()
-        self.gate_up_proj = UnquantizedWeight(hidden_size, (intermediate_size, intermediate_size), build)
-        self.down_proj = UnquantizedWeight(intermediate_size, (hidden_size,), build)
+        self.gate_up_proj = projection(build, hidden_size, dict.fromkeys(GATE_UP, intermediate_size))
+        self.down_proj = projection(build, intermediate_size, {"down_proj": hidden_size})
 
     def checkpoint_routes(self) -> Iterator[tuple[str, Route]]:
         """The checkpoint's gate and up projections are the two parts of gate_up_proj."""
-        yield from part_routes(self.gate_up_proj, "gate_proj", 0)
-        yield from part_routes(self.gate_up_proj, "up_proj", 1)
+        for part, name in enumerate(GATE_UP):
+            yield from part_routes(self.gate_up_proj, name, part)
         yield from routes(self.down_proj, "down_proj.")
 
     def forward(self, x: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor:

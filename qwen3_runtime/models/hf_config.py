@@ -1,5 +1,5 @@
-"""A checkpoint's JSON: config.json through its family (with the key policy), generation_config.json's end ids and
-sampling defaults. Torch-free."""
+"""A checkpoint's JSON: config.json through its family (with the key policy) and its quantization_config,
+generation_config.json's end ids and sampling defaults. Torch-free."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from typing import TYPE_CHECKING, Any
 
 from qwen3_runtime.models.registry import FAMILY_KEYS, FamilyConfig, resolve_family
 from qwen3_runtime.params import SamplingParams
-from qwen3_runtime.typed_config import ConfigError
+from qwen3_runtime.quantization import Fp8CheckpointConfig, WeightFormat
+from qwen3_runtime.typed_config import ConfigError, build
 
 if TYPE_CHECKING:
     from qwen3_runtime.config import ModelConfig
@@ -44,6 +45,9 @@ HF_INERT = frozenset(
     }
 )
 
+# The config.json key the weights' format is read from (model_weight_format), whatever the family.
+WEIGHT_KEYS = frozenset({"quantization_config"})
+
 # generation_config.json's sampling fields (those vLLM reads as request defaults) -> SamplingParams' names.
 _SAMPLING_FIELDS = {
     "temperature": "temperature",
@@ -58,6 +62,30 @@ _SAMPLING_FIELDS = {
 def model_architecture(cfg: ModelConfig) -> FamilyConfig:
     """The checkpoint's shape (config.json), or the config's for random weights."""
     return read_architecture(cfg.path) if cfg.path else cfg.architecture
+
+
+def model_weight_format(cfg: ModelConfig) -> WeightFormat:
+    """The checkpoint's declared format (model.quantization null serves it as declared, fp8 agrees with it); for a
+    checkpoint without quantization_config, or random weights, model.quantization's: fp8 quantizes the 16-bit
+    weights blockwise as they load."""
+    declared = _read_quantization(cfg.path) if cfg.path else None
+    if declared is None:
+        return WeightFormat(cfg.quantization)
+    not_converted = tuple(declared.modules_to_not_convert or ())
+    source = f"quantization_config of {Path(cfg.path) / 'config.json'}"
+    return WeightFormat(declared.quant_method, not_converted, from_checkpoint=True, declared_by=source)
+
+
+def _read_quantization(path: str | Path) -> Fp8CheckpointConfig | None:
+    """The checkpoint's quantization_config (None without one), checked."""
+    file = Path(path) / "config.json"
+    raw = read_json(file).get("quantization_config")
+    if raw is None:
+        return None
+    try:
+        return build(Fp8CheckpointConfig, raw, "quantization_config.")
+    except ConfigError as e:
+        raise ConfigError(f"{file}: {e}") from None
 
 
 def read_architecture(path: str | Path) -> FamilyConfig:
@@ -91,13 +119,13 @@ def check_keys(
 ) -> None:
     """Refuse what the model would otherwise silently compute differently from transformers: a fixed key at a value
     not implemented (`fixed`: key -> (value, allowed, None first)), or a non-null key that is neither honoured,
-    fixed, the family's own (model_type, architectures) nor HF_INERT."""
+    fixed, the family's own (model_type, architectures), the loader's (WEIGHT_KEYS) nor HF_INERT."""
     for key, (value, allowed) in fixed.items():
         if value not in allowed:
             raise ConfigError(
                 f"{where}: {key}={value!r} is not supported (supported: {', '.join(map(repr, allowed[1:]))})"
             )
-    known = honoured | fixed.keys() | FAMILY_KEYS | HF_INERT
+    known = honoured | fixed.keys() | FAMILY_KEYS | HF_INERT | WEIGHT_KEYS
     refused = sorted(k for k, v in hf.items() if v is not None and k not in known)
     if refused:
         raise ConfigError(

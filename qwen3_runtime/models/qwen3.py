@@ -23,7 +23,12 @@ class Qwen3DecoderLayer(nn.Module):
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
         self.self_attn = Attention(
-            cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim, cfg.rms_norm_eps, build
+            cfg.hidden_size,
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.head_dim,
+            cfg.rms_norm_eps,
+            build.at("self_attn"),
         )
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
         self.mlp = mlp
@@ -54,14 +59,16 @@ class Qwen3Model(nn.Module):
         super().__init__()
         self.embed_tokens = VocabEmbedding(cfg.vocab_size, cfg.hidden_size, build)
         self.layers = nn.ModuleList(
-            Qwen3DecoderLayer(cfg, build, self.feed_forward(cfg, build, i)) for i in range(cfg.num_hidden_layers)
+            Qwen3DecoderLayer(cfg, build.at(f"layers.{i}"), self.feed_forward(cfg, build.at(f"layers.{i}.mlp"), i))
+            for i in range(cfg.num_hidden_layers)
         )
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, build)
         self.rotary = Rotary(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
     @staticmethod
     def feed_forward(cfg: Qwen3Config, build: LayerBuild, index: int) -> nn.Module:
-        """Layer `index`'s feed-forward block: the family's seam (Qwen3-MoE's differs by layer)."""
+        """Layer `index`'s feed-forward block (`build` at its checkpoint name): the family's seam (Qwen3-MoE's differs
+        by layer)."""
         return DenseMLP(cfg.hidden_size, cfg.intermediate_size, build)
 
 
@@ -73,7 +80,7 @@ class Qwen3ForCausalLM(nn.Module):
     def __init__(self, cfg: Qwen3Config, build: LayerBuild) -> None:
         super().__init__()
         self.config = cfg
-        self.model = self.model_cls(cfg, build)
+        self.model = self.model_cls(cfg, build.at("model"))
         self.lm_head = LMHead(cfg.hidden_size, cfg.vocab_size, build)
 
     def tie_lm_head(self) -> None:

@@ -148,14 +148,14 @@ def test_missing_directory_is_named(tmp_path):
 @pytest.mark.parametrize(
     "edits, named",
     [
-        ({"quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}, "quantization_config is"),
         ({"num_experts": 128, "num_experts_per_tok": 8}, "num_experts, num_experts_per_tok are"),
         ({"shared_expert_intermediate_size": 5632}, "shared_expert_intermediate_size is"),  # Qwen2-MoE's
         ({"partial_rotary_factor": 0.5}, "partial_rotary_factor is"),
     ],
 )
 def test_keys_the_family_does_not_honour_are_refused_by_name(tiny_checkpoint, copy_checkpoint, edits, named):
-    """Ignored, each would load a different model than the checkpoint's (or a quantized one as noise)."""
+    """Ignored, each would load a different model than the checkpoint's (quantization_config is read:
+    tests/test_quantization.py)."""
     path = copy_checkpoint(tiny_checkpoint, **edits)
     with pytest.raises(ConfigError, match=f"config.json: {named} not honoured by the qwen3 family"):
         read_architecture(path)
