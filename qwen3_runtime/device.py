@@ -45,6 +45,9 @@ def set_cpu_threads(threads: int | None) -> None:
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if name == "float32" and device.type == "cuda":  # their pipelines would outgrow an SM's shared memory
+        raise ConfigError("model.dtype=float32 is not supported on CUDA: the GPU kernels take 16-bit weights (use "
+                          "bfloat16 or float16; float32 runs on the CPU)")  # fmt: skip
     return _DTYPES[name]
 
 

@@ -159,3 +159,11 @@ def test_engine_cpu_threads_reach_torch_and_null_leaves_torchs_own(make_runtime,
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(threads)
+
+
+def test_float32_on_cuda_is_refused_naming_the_key():
+    """The GPU kernels take 16-bit weights; float32 is for the CPU."""
+    with pytest.raises(ConfigError, match="model.dtype=float32 is not supported on CUDA"):
+        dev.resolve_dtype("float32", torch.device("cuda"))
+    assert dev.resolve_dtype("float32", CPU) is torch.float32
+    assert dev.resolve_dtype("auto", torch.device("cuda")) is torch.bfloat16
