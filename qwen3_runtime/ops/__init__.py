@@ -34,8 +34,8 @@ def pdl_launch(t: torch.Tensor) -> dict:
     is set up while its predecessor runs, once every program of the predecessor has called
     gdc_launch_dependents(). Every kernel given these options (USE_PDL) calls gdc_wait(), which returns
     when its predecessor has finished and its writes are visible, before it touches global memory other
-    than inputs the host staged before the step and weights, and, for the experts' down kernel, its
-    routing (tests/ops/test_pdl_launch.py checks the PTX).
+    than inputs the host staged before the step and weights (tests/ops/test_pdl_launch.py checks the
+    PTX).
 
     Most kernels trigger last: triggered first, the next kernels' waiting programs take SM slots early
     and the step gets slower. The exceptions trigger early because the next kernel uses the time: the
@@ -43,8 +43,7 @@ def pdl_launch(t: torch.Tensor) -> dict:
     attention inputs (attention reads its rows' lengths meanwhile); the attention kernel (after its
     tiles, before its last split merges, or at its start when o_proj preloads its weights,
     ops/linear_preload.py); gate/up at up to 8 rows (down_proj requests its first weight tiles early,
-    ops.linear.mlp_partials), and the experts' gate/up likewise once its routing is final
-    (ops/fused_moe.py); and qkv (the attention inputs and the kernels they let launch are resident
+    ops.linear.mlp_partials); and qkv (the attention inputs and the kernels they let launch are resident
     while it streams, layers/attention.py)."""
     on = not TRITON_INTERPRET and _hopper_or_later(t.device)
     return {"USE_PDL": on, **({"launch_pdl": True} if on else {})}

@@ -27,10 +27,6 @@ from qwen3_runtime.ops.moe_config import MoeConfig, lookup
 
 # Scan programs compare BLOCK_M wanted rows (or every expert) with this many routing entries at a time.
 SCAN_COMPARES = 2048
-# Up to this many tokens (the scan path) gate/up lets down launch once the routing is final, and down's programs,
-# resident on the SMs gate/up leaves idle and then as its programs leave, request the first DOWN_PREFETCH_BYTES of
-# each of their weight rows into L2 before their wait, while gate/up still streams.
-EARLY_TOKENS, DOWN_PREFETCH_BYTES = 8, 1 << 20
 
 
 def fused_moe(
@@ -84,28 +80,9 @@ def fused_moe_with(
     out = torch.empty(top_k, tokens, hidden, dtype=torch.float32, device=x.device)
     if tokens:
         groupings: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-        prefetch = _down_prefetch_bytes(w2, tokens, gate_up_config, down_config)
-        gate_up(x, w13, expert_ids, act, gate_up_config, groupings, w13_scale, dependents_early=prefetch > 0)
-        down(act, w2, expert_ids, weights, out, down_config, groupings, w2_scale, prefetch)
+        gate_up(x, w13, expert_ids, act, gate_up_config, groupings, w13_scale)
+        down(act, w2, expert_ids, weights, out, down_config, groupings, w2_scale)
     return out
-
-
-def _down_prefetch_bytes(w2: torch.Tensor, tokens: int, gate_up_config: MoeConfig, down_config: MoeConfig) -> int:
-    """Bytes of each down weight row requested before down's wait: at up to EARLY_TOKENS tokens on the scan path,
-    where PDL launches early, for 16-bit rows with the bulk prefetch's 16-byte alignment; else 0."""
-    row_bytes = w2.shape[2] * w2.element_size()
-    if (
-        tokens > EARLY_TOKENS
-        or gate_up_config.sorted
-        or down_config.sorted
-        or not pdl_launch(w2)["USE_PDL"]
-        or w2.element_size() != 2
-        or w2.data_ptr() % 16
-        or (w2.stride(0) * 2) % 16
-        or (w2.stride(1) * 2) % 16
-    ):
-        return 0
-    return min(DOWN_PREFETCH_BYTES, row_bytes) // 16 * 16
 
 
 def gate_up(
@@ -116,17 +93,15 @@ def gate_up(
     config: MoeConfig,
     groupings: dict[int, tuple[torch.Tensor, torch.Tensor]],
     scale: torch.Tensor | None = None,
-    dependents_early: bool = False,
 ) -> None:
-    """act[p] = silu(gate) * up of pair p's expert on its token's x (pairs of expert E: unwritten).
-    dependents_early: let down launch once every program has its routing (see _down_prefetch_bytes)."""
+    """act[p] = silu(gate) * up of pair p's expert on its token's x (pairs of expert E: unwritten)."""
     num_experts, n, k = w13.shape
     grid, args, order, table, num_blocks = _rows(expert_ids, num_experts, n, config, groupings)
     gate_up_kernel[grid](
         x, w13, scale, expert_ids, order, table, act,
         expert_ids.numel(), num_experts, expert_ids.shape[1], n // 2, k, num_blocks,
         x.stride(0), w13.stride(0), w13.stride(1), *_scale_strides(scale), act.stride(0),
-        **args, **_tiles(config, k, x, scale), **pdl_launch(x), DEPENDENTS_EARLY=dependents_early,
+        **args, **_tiles(config, k, x, scale), **pdl_launch(x),
     )  # fmt: skip
 
 
@@ -139,17 +114,15 @@ def down(
     config: MoeConfig,
     groupings: dict[int, tuple[torch.Tensor, torch.Tensor]],
     scale: torch.Tensor | None = None,
-    prefetch_bytes: int = 0,
 ) -> None:
-    """out[s, t] = weights[t, s] * (act[t k + s] @ w2[expert]^T), 0 for expert E. prefetch_bytes: of each weight
-    row, requested into L2 before the wait (launched early by gate/up)."""
+    """out[s, t] = weights[t, s] * (act[t k + s] @ w2[expert]^T), 0 for expert E."""
     num_experts, n, k = w2.shape
     grid, args, order, table, num_blocks = _rows(expert_ids, num_experts, n, config, groupings)
     down_kernel[grid](
         act, w2, scale, expert_ids, weights, order, table, out,
         expert_ids.numel(), num_experts, expert_ids.shape[1], n, k, num_blocks,
         act.stride(0), w2.stride(0), w2.stride(1), *_scale_strides(scale), out.stride(0),
-        **args, **_tiles(config, k, act, scale), **pdl_launch(act), PREFETCH_BYTES=prefetch_bytes,
+        **args, **_tiles(config, k, act, scale), **pdl_launch(act),
     )  # fmt: skip
 
 

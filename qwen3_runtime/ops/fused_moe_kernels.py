@@ -63,15 +63,14 @@ def _scan_expert(
     COMPACT: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_E: tl.constexpr,
 ):  # fmt: skip
     """The expert of scan group `group`: E (padded rows' pairs) for the last group; with COMPACT (fewer pairs than
-    experts) the group-th lowest expert that has pairs, else expert `group`; E + 1 for none. The routing table is
-    read from L2 (.cg): down reads it before its PDL wait."""
+    experts) the group-th lowest expert that has pairs, else expert `group`; E + 1 for none."""
     expert = group
     if COMPACT:
         experts = tl.arange(0, BLOCK_E)
         present = tl.zeros([BLOCK_E], tl.int32)
         for start in range(0, num_pairs, CHUNK_E):
             offs = start + tl.arange(0, CHUNK_E)
-            ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1, cache_modifier=".cg")
+            ids = tl.load(ids_ptr + offs, mask=offs < num_pairs, other=-1)
             present = tl.maximum(present, tl.max((ids[None, :] == experts[:, None]).to(tl.int32), axis=1))
         present = tl.where(experts < num_experts, present, 0)
         nth = (present > 0) & (tl.cumsum(present, axis=0) == group + 1)
@@ -123,19 +122,6 @@ def _sorted_rows(order_ptr, table_ptr, block, num_blocks, BLOCK_M: tl.constexpr)
 
 
 @triton.jit
-def _prefetch_rows(w_ptr, rows, stride_wn, NBYTES: tl.constexpr):
-    """Request the first NBYTES of each weight row into L2 (Hopper's bulk prefetch; rows 16-byte aligned)."""
-    tl.inline_asm_elementwise(
-        "cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0;",
-        "=r,l,r",
-        [w_ptr + rows.to(tl.int64) * stride_wn, tl.full(rows.shape, NBYTES, tl.int32)],
-        dtype=tl.int32,
-        is_pure=False,
-        pack=1,
-    )
-
-
-@triton.jit
 def _gate_up_tile(
     x_ptr, w_ptr, s_ptr, act_ptr, rows, expert, pid_n, top_k, inter, K,
     stride_x, stride_wn, stride_se, stride_sn, stride_act,
@@ -169,16 +155,12 @@ def gate_up_kernel(
     SORTED: tl.constexpr, COMPACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_E: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr, DEPENDENTS_EARLY: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """act [P, I] (x's dtype) = silu(x[t] @ gate^T) * (x[t] @ up^T) of pair p's expert, w [E, 2I, K] (FP8 with
-    SCALE_BLOCK: scales s [E, 2I / SCALE_BLOCK, K / SCALE_BLOCK], I a multiple of SCALE_BLOCK).
-    DEPENDENTS_EARLY: down launches once every program has waited (the routing is then final), so its programs
-    request their weights into L2 while this kernel streams."""
+    SCALE_BLOCK: scales s [E, 2I / SCALE_BLOCK, K / SCALE_BLOCK], I a multiple of SCALE_BLOCK)."""
     if USE_PDL:  # the routing comes from the previous kernels
         gdc_wait()
-        if DEPENDENTS_EARLY:
-            gdc_launch_dependents()
     if SORTED:
         block, pid_n = _block_of(tl.program_id(0), num_blocks, tl.cdiv(2 * inter, BLOCK_N), GROUP_M)
         expert = tl.load(table_ptr + block)
@@ -202,7 +184,7 @@ def gate_up_kernel(
                     inter, K, stride_x, stride_wn, stride_se, stride_sn, stride_act,
                     BLOCK_M, BLOCK_N, BLOCK_K, SCALE_BLOCK, EVEN_K, UPCAST, DOT_PRECISION,
                 )  # fmt: skip
-    if USE_PDL and not DEPENDENTS_EARLY:  # last: the next kernel may launch
+    if USE_PDL:  # last: the next kernel may launch
         gdc_launch_dependents()
 
 
@@ -239,16 +221,13 @@ def down_kernel(
     SORTED: tl.constexpr, COMPACT: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr, CHUNK: tl.constexpr, BLOCK_E: tl.constexpr, CHUNK_E: tl.constexpr,
     SCALE_BLOCK: tl.constexpr, EVEN_K: tl.constexpr, UPCAST: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH_BYTES: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):  # fmt: skip
     """out [k, T, N] fp32: each pair's expert output times its routing weight, w [E, N, K] (FP8 with SCALE_BLOCK:
-    scales s [E, N / SCALE_BLOCK, K / SCALE_BLOCK], rounded up); every element written.
-    PREFETCH_BYTES (scan path, launched early by gate/up): each program finds its expert before its PDL wait (the
-    routing was final before gate/up let this kernel launch) and requests that much of each of its weight rows into
-    L2."""
+    scales s [E, N / SCALE_BLOCK, K / SCALE_BLOCK], rounded up); every element written."""
+    if USE_PDL:  # act comes from the previous kernel
+        gdc_wait()
     if SORTED:
-        if USE_PDL:  # act comes from the previous kernel
-            gdc_wait()
         block, pid_n = _block_of(tl.program_id(0), num_blocks, tl.cdiv(N, BLOCK_N), GROUP_M)
         expert = tl.load(table_ptr + block)
         if expert <= num_experts:
@@ -263,13 +242,6 @@ def down_kernel(
         expert = _scan_expert(
             ids_ptr, num_pairs, num_experts, tl.program_id(0), tl.num_programs(0), COMPACT, BLOCK_E, CHUNK_E
         )
-        if PREFETCH_BYTES > 0:
-            if expert < num_experts:
-                cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-                _prefetch_rows(w_ptr + expert.to(tl.int64) * stride_we, tl.where(cols < N, cols, 0), stride_wn,
-                               PREFETCH_BYTES)  # fmt: skip
-        if USE_PDL:  # act comes from the previous kernel
-            gdc_wait()
         if expert <= num_experts:
             for first in range(0, _count_pairs(ids_ptr, num_pairs, expert, CHUNK), BLOCK_M):
                 rows = _gather_pairs(ids_ptr, num_pairs, expert, first, BLOCK_M, CHUNK)

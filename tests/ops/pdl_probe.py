@@ -165,8 +165,6 @@ def compile_for_hopper(kernel: triton.JITFunction, args: tuple, kwargs: dict) ->
         constexprs["WAIT_PRIOR"] = True
     if "PREFETCH_TILES" in constexprs:  # on Hopper the skinny GEMM requests weight tiles before its wait
         constexprs["PREFETCH_TILES"] = 1
-    if "PREFETCH_BYTES" in constexprs and not constexprs["SORTED"]:  # and down, at decode sizes, its rows
-        constexprs["PREFETCH_BYTES"] = 256
     signature = {name: "constexpr" if name in constexprs else _type(values[name]) for name in kernel.arg_names}
     options = {k: kwargs[k] for k in ("num_warps", "num_stages") if k in kwargs}
     source_type = GluonASTSource if isinstance(kernel, GluonJITFunction) else triton.compiler.ASTSource
