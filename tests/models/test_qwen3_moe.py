@@ -130,8 +130,10 @@ def test_on_the_gpu_bf16_through_every_captured_bucket_matches_transformers(make
     """A small MoE (64 experts, top 8, both layer kinds) written by transformers in bf16 and served on the GPU with
     CUDA graphs, every decode bucket captured: batches of 1, 3 and 8 requests (3 rides bucket 4 with a padded row).
     Against transformers' fp32 forward over the same bf16 weights, teacher-forced on our tokens, our logprobs err
-    no more than twice transformers' own bf16 forward does (at least 0.02), and each greedy token is the fp32
-    forward's best or within that error of it (random weights leave near-ties)."""
+    no more than twice transformers' own bf16 forward does over the whole run, at the worst and on average (one
+    prompt alone is no yardstick: bf16 rounding flips near-tied expert choices, moving a logprob by up to ~0.25 in
+    either forward), and each greedy token is the fp32 forward's best or within that error of it (random weights
+    leave near-ties)."""
     import transformers
 
     from qwen3_runtime import Runtime
@@ -159,6 +161,7 @@ def test_on_the_gpu_bf16_through_every_captured_bucket_matches_transformers(make
 
     gen = torch.Generator().manual_seed(0)
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True, logprobs=1)
+    our_err, their_err, best_gap = [], [], []
     for batch in (1, 3, 8):
         prompts = [torch.randint(0, 2048, (int(n),), generator=gen).tolist() for n in torch.randint(5, 60, (batch,))]
         for prompt, out in zip(prompts, rt.generate(prompts, params)):
@@ -166,8 +169,12 @@ def test_on_the_gpu_bf16_through_every_captured_bucket_matches_transformers(make
             ref, theirs = (logprobs(m, prompt + out.token_ids)[steps] for m in (fp32, bf16))
             tokens = torch.tensor(out.token_ids)
             chosen = ref[torch.arange(len(tokens)), tokens]
-            tolerance = max(0.02, 2 * (theirs - ref).gather(1, tokens[:, None]).abs().max().item())
             ours = torch.tensor([lp.logprob for lp in out.logprobs], dtype=torch.float64)
-            assert (ours - chosen).abs().max() <= tolerance
-            assert (ref.max(-1).values - chosen).max() <= tolerance
+            our_err.append((ours - chosen).abs())
+            their_err.append((theirs - ref).gather(1, tokens[:, None]).abs()[:, 0])
+            best_gap.append(ref.max(-1).values - chosen)
     rt.close()
+    ours, theirs = torch.cat(our_err), torch.cat(their_err)
+    tolerance = max(0.02, 2 * theirs.max().item())
+    assert ours.max() <= tolerance and ours.mean() <= 2 * theirs.mean() + 1e-3
+    assert torch.cat(best_gap).max() <= tolerance
