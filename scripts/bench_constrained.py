@@ -127,6 +127,7 @@ def compile_times(rt: Runtime, prompt: list[int]) -> dict:
     rt._live[first].grammar.result()
     compiled = time.perf_counter()
     second = rt.add_request(prompt, params)
+    queued = time.perf_counter()  # the wait for its grammar alone: the request's own set-up is not the compile's
     rt._live[second].grammar.result()
     cached = time.perf_counter()
     while rt.has_unfinished():
@@ -134,7 +135,7 @@ def compile_times(rt: Runtime, prompt: list[int]) -> dict:
     return {
         "engine_setup_ms": 1e3 * (submitted - start),
         "compile_first_ms": 1e3 * (compiled - submitted),
-        "compile_cached_ms": 1e3 * (cached - compiled),
+        "compile_cached_ms": 1e3 * (cached - queued),
     }
 
 
