@@ -22,6 +22,7 @@ from qwen3_runtime.loader import load_model
 from qwen3_runtime.memory_profile import worst_step_bytes
 from qwen3_runtime.models.hf_config import model_architecture, model_weight_format
 from qwen3_runtime.models.qwen3 import Qwen3ForCausalLM
+from qwen3_runtime.quantization import FP8_BLOCK
 from qwen3_runtime.runner import ModelRunner
 
 
@@ -55,9 +56,26 @@ def build_engine(config: Config) -> Engine:
             f"engine.batch_invariant=true is not supported with FP8 weights ({weights.declared_by}): the "
             "batch-invariant kernels multiply 16-bit weights"
         )
+    if weights.quantization and device.type == "cuda":
+        _check_fp8_gate_up(arch)
     context = resolve_context(engine, arch)
     model = load_model(config.model, device, dtype)
     return _allocate(config, arch, context, model, device, dtype)
+
+
+def _check_fp8_gate_up(arch: ArchitectureConfig) -> None:
+    """The GPU's FP8 gate/up kernels (dense and experts) keep gate and up rows in blocks of their own, so their
+    intermediate sizes must be whole 128-row blocks: a checkpoint's fused parts are checked as they load, a shape
+    quantized as it loads (model.quantization) here, before minutes of loading."""
+    sizes = {"moe_intermediate_size": getattr(arch, "moe_intermediate_size", None)}
+    if getattr(arch, "num_sparse_layers", 0) < arch.num_hidden_layers:  # some layers keep the dense MLP
+        sizes["intermediate_size"] = arch.intermediate_size
+    for key, size in sizes.items():
+        if size is not None and size % FP8_BLOCK:
+            raise ConfigError(
+                f"FP8 weights on CUDA need {key} to be a multiple of {FP8_BLOCK} (the FP8 gate/up kernels keep gate "
+                f"and up rows in blocks of their own): it is {size}"
+            )
 
 
 def _allocate(

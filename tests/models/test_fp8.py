@@ -154,3 +154,18 @@ def test_random_weights_with_model_quantization_fp8():
     assert f", weights {held / 2**20:.2f} MiB in FP8 (128x128 blocks) and float32; float32 on cpu" in str(summary)
     for rt in runs:
         rt.close()
+
+
+@pytest.mark.parametrize(
+    ("config", "key", "size"), [("tiny-moe", "moe_intermediate_size", 32), ("tiny", "intermediate_size", 200)]
+)
+def test_fp8_on_cuda_refuses_gate_up_sizes_that_are_not_whole_blocks(monkeypatch, config, key, size):
+    """On the CPU a small random shape runs in FP8 (the references dequantize); the GPU's FP8 gate/up kernels need
+    whole 128-row blocks: refused by key before anything loads."""
+    from qwen3_runtime import engine_setup
+    from qwen3_runtime.config import ConfigError, load_config
+
+    monkeypatch.setattr(engine_setup, "resolve_device", lambda name: torch.device("cuda"))
+    overrides = {"model.quantization": "fp8", "model.dtype": "bfloat16", f"model.architecture.{key}": size}
+    with pytest.raises(ConfigError, match=f"FP8 weights on CUDA need {key} to be a multiple of 128.*it is {size}"):
+        engine_setup.build_engine(load_config(config, overrides))
