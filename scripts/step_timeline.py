@@ -28,6 +28,9 @@ NAMED = {
     "_attention_inputs_kernel": "attention inputs",
     "_decode_attention_kernel": "attention",
     "_silu_mul_kernel": "silu_mul",  # gate/up's SiLU where cuBLAS, not the skinny kernel, takes gate/up
+    "_route_kernel": "routing",  # a MoE layer: the router's product, routing, then the experts' two kernels
+    "gate_up_kernel": "experts gate/up",
+    "down_kernel": "experts down",
 }
 FOLLOWING = {
     "input norm": ("qkv",),
@@ -66,12 +69,13 @@ def critical_path(events: list[dict]) -> dict:
 def layer_roles(names: list[str]) -> list[str]:
     """A layer's kernels (their names, from the input norm on) by role."""
     roles, norms, following = [], iter(("input norm", "post-attention norm")), ()
+    sparse = "_route_kernel" in names  # after its post-attention norm, the router's product
     for name in names:
         role = next(norms) if name == "_add_rms_norm_kernel" else NAMED.get(name)
         if role is None:
             role, following = (following[0], following[1:]) if following else (roles[-1] + " +", ())
         else:
-            following = FOLLOWING.get(role, ())
+            following = ("router",) if sparse and role == "post-attention norm" else FOLLOWING.get(role, ())
         roles.append(role)
     return roles
 

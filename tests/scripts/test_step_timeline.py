@@ -26,7 +26,14 @@ def test_roles_of_a_cublas_layer_with_kernels_of_its_own():
     ]  # fmt: skip
 
 
-@pytest.mark.parametrize("layer", [SKINNY, CUBLAS])
+MOE = SKINNY[:6] + [GEMM, "_route_kernel", "gate_up_kernel", "down_kernel"]
+
+
+def test_roles_of_a_moe_layer():
+    assert layer_roles(MOE)[5:] == ["post-attention norm", "router", "routing", "experts gate/up", "experts down"]
+
+
+@pytest.mark.parametrize("layer", [SKINNY, CUBLAS, MOE])
 def test_critical_path_adds_up(layer):
     layers, head, tail = 8, ["_embed_kernel"], [NORM, "lm_head", "_pack_kernel"]
     names = head + layer * layers + tail
